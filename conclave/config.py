@@ -1,0 +1,340 @@
+"""Configuration: one function resolves CLI > environment > file > defaults into a frozen Config.
+
+Discovery (SPEC §6): `--config PATH`, else `CONCLAVE_CONFIG`, else `./config.yaml`, else the
+packaged default. Keys come from the environment or a local `.env`, never from the file.
+Every error is one line naming the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from conclave.errors import ConfigError
+from conclave.schemas import data_path, first_error, json_path
+
+ProviderKind = Literal["openai", "anthropic", "gemini"]
+CostCapMode = Literal["warn", "enforce", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per 1M tokens. Cache prices default to the input price when unknown."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    kind: ProviderKind
+    model: str
+    base_url: str
+    api_key_env: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    price: Price | None = None
+    reasoning: bool | None = None  # None: decided from the model name
+    max_tokens_field: str | None = None  # openai kind only; None: decided from model and host
+
+
+@dataclass(frozen=True, slots=True)
+class Roles:
+    proposer: str
+    critics: tuple[str, ...]
+    synthesizer: str
+    synthesizer_fallbacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    initial_delay_seconds: float = 0.5
+    max_delay_seconds: float = 8.0
+    max_retry_after_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    timeout_seconds: float = 120.0
+    max_tokens: int = 1024
+    temperature: float | None = None
+    max_concurrency: int = 64
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTools:
+    hop_budget: int = 2
+    result_max_bytes: int = 65536
+    cost_cap_usd: float = 0.0
+    cost_cap_mode: CostCapMode = "warn"
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPolicy:
+    allow_hosts: tuple[str, ...] = ("*",)
+    allow_private: tuple[str, ...] = ()
+    allow_ports: tuple[int, ...] = (80, 443)
+    max_bytes: int = 1_048_576
+    connect_timeout_seconds: float = 5.0
+    read_timeout_seconds: float = 10.0
+    total_timeout_seconds: float = 20.0
+    max_redirects: int = 5
+    session_max_bytes: int = 10_485_760
+    session_max_requests: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Breakers:
+    failure_threshold: int = 5
+    cooldown_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    path: str = ".conclave/events.ndjson"
+    include_content: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transcripts:
+    enabled: bool = True
+    dir: str = ".conclave/transcripts"
+
+
+class Secrets:
+    """API key values by environment variable name. Never printed, never serialized."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self._values = {k: v for k, v in values.items() if v}
+
+    def get(self, env_name: str | None) -> str | None:
+        return self._values.get(env_name) if env_name else None
+
+    def values(self) -> tuple[str, ...]:
+        return tuple(self._values.values())
+
+    def __repr__(self) -> str:
+        return f"Secrets(<{len(self._values)} hidden>)"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    providers: Mapping[str, ProviderConfig]
+    panel: tuple[str, ...]
+    roles: Roles
+    limits: Limits
+    worker_tools: WorkerTools
+    fetch: FetchPolicy
+    breakers: Breakers
+    telemetry: Telemetry
+    transcripts: Transcripts
+    source: str
+    secrets: Secrets = field(repr=False, compare=False)
+
+    def api_key(self, provider: str) -> str | None:
+        return self.secrets.get(self.providers[provider].api_key_env)
+
+    def key_present(self, provider: str) -> bool:
+        entry = self.providers[provider]
+        return entry.api_key_env is None or self.api_key(provider) is not None
+
+
+CONFIG_SCHEMA = "config.schema.json"
+
+
+def find_config_file(cli_path: str | None, env: Mapping[str, str]) -> Path:
+    """SPEC §6 discovery order; an explicitly named file must exist."""
+    for explicit, origin in ((cli_path, "--config"), (env.get("CONCLAVE_CONFIG"), "CONCLAVE_CONFIG")):
+        if explicit:
+            path = Path(explicit).expanduser()
+            if not path.is_file():
+                raise ConfigError(
+                    f"config: file {str(path)!r} named by {origin} does not exist; "
+                    "fix the path or drop it to use ./config.yaml or the packaged default"
+                )
+            return path
+    local = Path("config.yaml")
+    return local if local.is_file() else data_path("config.yaml")
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a local `.env`; comments, blanks and `export ` prefixes allowed."""
+    if not path.is_file():
+        return {}
+    values: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.removeprefix("export ").partition("=")
+        values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+def load_config(
+    cli_path: str | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    dotenv: Path | None = Path(".env"),
+) -> Config:
+    """Resolve the configuration: CLI (`--config`, `--set a.b=v`) > environment > file > defaults."""
+    environ = dict(os.environ if env is None else env)
+    path = find_config_file(cli_path, environ)
+    raw = _read_yaml(path)
+    _apply_env_overrides(raw, environ)
+    for item in overrides:
+        _apply_override(raw, item)
+    _validate(raw, path)
+    keys = {**(read_dotenv(dotenv) if dotenv else {}), **environ}
+    return _build(raw, str(path), keys)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}; check the path") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config: {path}{where}: {problem}; fix the YAML syntax") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path}: the top level must be a mapping of sections")
+    return data
+
+
+def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    if panel := env.get("CONCLAVE_PANEL"):
+        raw["panel"] = [p.strip() for p in panel.split(",") if p.strip()]
+    if path := env.get("CONCLAVE_TELEMETRY_PATH"):
+        raw.setdefault("telemetry", {})["path"] = path
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    """`--set limits.timeout_seconds=30`: the value is parsed as YAML."""
+    dotted, sep, value = item.partition("=")
+    if not sep or not dotted:
+        raise ConfigError(f"config: --set {item!r}: write it as section.key=value")
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config: --set {dotted}: {part} is not a section")
+        node = child
+    try:
+        node[leaf] = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: --set {dotted}: value {value!r} is not valid YAML") from exc
+
+
+def _validate(raw: dict[str, Any], path: Path) -> None:
+    error = first_error(CONFIG_SCHEMA, raw)
+    if error is not None:
+        where = json_path(error).removeprefix("$.") if error.absolute_path else "(top level)"
+        raise ConfigError(f"config: {where}: {_explain(error)} (in {path})")
+    _check_references(raw, path)
+
+
+def _explain(error: Any) -> str:
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return f"{error.message}; remove it (allowed here: {allowed})"
+    if error.validator == "required":
+        return f"{error.message}; add it"
+    if error.validator == "type":
+        return f"{error.instance!r} is not of type {error.validator_value!r}; fix the value"
+    if error.validator == "enum":
+        return f"{error.instance!r} is not one of {error.validator_value}; use one of those"
+    return f"{error.message}; fix the value"
+
+
+def _check_references(raw: dict[str, Any], path: Path) -> None:
+    """Every provider named by panel or roles must be defined under `providers`."""
+    known = set(raw.get("providers", {}))
+    roles = raw.get("roles", {})
+    named: list[tuple[str, str]] = [(f"panel[{i}]", n) for i, n in enumerate(raw.get("panel", []))]
+    for key in ("proposer", "synthesizer"):
+        if key in roles:
+            named.append((f"roles.{key}", roles[key]))
+    for key in ("critics", "synthesizer_fallbacks"):
+        named += [(f"roles.{key}[{i}]", n) for i, n in enumerate(roles.get(key, []))]
+    for where, name in named:
+        if name not in known:
+            raise ConfigError(
+                f"config: {where}: provider {name!r} is not defined; add it under providers "
+                f"or use one of: {', '.join(sorted(known)) or '(none defined)'} (in {path})"
+            )
+
+
+def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
+    providers = {name: _provider(name, entry) for name, entry in raw.get("providers", {}).items()}
+    panel = tuple(raw.get("panel", list(providers)[:3]))
+    wanted = {p.api_key_env for p in providers.values() if p.api_key_env}
+    return Config(
+        providers=providers,
+        panel=panel,
+        roles=_roles(raw.get("roles", {}), panel),
+        limits=_limits(raw.get("limits", {})),
+        worker_tools=WorkerTools(**raw.get("worker_tools", {})),
+        fetch=_fetch(raw.get("fetch", {})),
+        breakers=Breakers(**raw.get("breakers", {})),
+        telemetry=Telemetry(**raw.get("telemetry", {})),
+        transcripts=Transcripts(**raw.get("transcripts", {})),
+        source=source,
+        secrets=Secrets({name: keys[name] for name in wanted if name in keys}),
+    )
+
+
+def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
+    price = entry.get("price")
+    return ProviderConfig(
+        name=name,
+        kind=entry["kind"],
+        model=entry["model"],
+        base_url=entry["base_url"].rstrip("/"),
+        api_key_env=entry.get("api_key_env"),
+        headers=dict(entry.get("headers") or {}),
+        price=Price(**price) if price else None,
+        reasoning=entry.get("reasoning"),
+        max_tokens_field=entry.get("max_tokens_field"),
+    )
+
+
+def _roles(raw: Mapping[str, Any], panel: tuple[str, ...]) -> Roles:
+    proposer = raw.get("proposer", panel[0] if panel else "")
+    critics = tuple(raw.get("critics", [p for p in panel if p != proposer]))
+    synthesizer = raw.get("synthesizer", proposer)
+    fallbacks = raw.get("synthesizer_fallbacks")
+    if fallbacks is None:
+        fallbacks = [p for p in panel if p != synthesizer]
+    return Roles(proposer, critics, synthesizer, tuple(fallbacks))
+
+
+def _limits(raw: Mapping[str, Any]) -> Limits:
+    fields = dict(raw)
+    retry = RetryPolicy(**fields.pop("retry", {}))
+    return Limits(retry=retry, **fields)
+
+
+def _fetch(raw: Mapping[str, Any]) -> FetchPolicy:
+    fields = dict(raw)
+    for key in ("allow_hosts", "allow_private", "allow_ports"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    return FetchPolicy(**fields)

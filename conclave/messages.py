@@ -1,0 +1,90 @@
+"""Provider-neutral values that flow between layers: messages, requests, usage, completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Role = Literal["user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """What a caller wants from one model call; adapters map it onto their wire."""
+
+    messages: tuple[Message, ...]
+    system: str | None = None
+    max_tokens: int = 1024
+    temperature: float | None = None
+
+    @classmethod
+    def ask(cls, question: str, **kwargs: Any) -> CompletionRequest:
+        return cls(messages=(Message("user", question),), **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts in Conclave's one convention (SPEC §6), whatever the provider counts.
+
+    `input_tokens` holds every prompt token (cached reads and cache writes included);
+    `output_tokens` every generated token (reasoning and thoughts included).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost_usd: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def with_cost(self, cost_usd: float | None) -> Usage:
+        return replace(self, cost_usd=cost_usd)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "total_tokens": self.total_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One normalized model answer, as every adapter returns it."""
+
+    text: str
+    finish_reason: str
+    usage: Usage
+    model: str
+    provider: str = ""
+    request_id: str | None = None
+    latency_ms: float = 0.0
+    attempts: int = 1
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_dict(),
+            "request_id": self.request_id,
+            "latency_ms": round(self.latency_ms, 3),
+            "attempts": self.attempts,
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,85 @@
+"""Provider adapters, one file per wire kind, behind an explicit registry, and the pool
+that hands out resilient clients (breakers persist for the life of the process)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+import anyio
+import httpx
+
+from conclave.config import Config
+from conclave.errors import ConfigError
+from conclave.providers.anthropic import AnthropicAdapter
+from conclave.providers.base import Adapter
+from conclave.providers.breaker import BreakerState, CircuitBreaker
+from conclave.providers.client import Clock, ProviderClient, Sleep
+from conclave.providers.gemini import GeminiAdapter
+from conclave.providers.openai import OpenAIAdapter
+from conclave.telemetry import Telemetry
+
+ADAPTERS: dict[str, Adapter] = {
+    adapter.kind: adapter for adapter in (OpenAIAdapter(), AnthropicAdapter(), GeminiAdapter())
+}
+
+__all__ = ["ADAPTERS", "ProviderClient", "ProviderPool"]
+
+
+class ProviderPool:
+    """Every configured provider as a `ProviderClient`, sharing one HTTP client and limiter."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        http: httpx.AsyncClient,
+        telemetry: Telemetry,
+        clock: Clock = anyio.current_time,
+        sleep: Sleep = anyio.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.config = config
+        self._telemetry = telemetry
+        limiter = anyio.CapacityLimiter(config.limits.max_concurrency)
+        self._clients = {
+            name: ProviderClient(
+                entry,
+                ADAPTERS[entry.kind],
+                http=http,
+                api_key=config.api_key(name),
+                breaker=CircuitBreaker(
+                    name,
+                    failure_threshold=config.breakers.failure_threshold,
+                    cooldown_seconds=config.breakers.cooldown_seconds,
+                    clock=clock,
+                    on_change=self._breaker_changed,
+                ),
+                retry=config.limits.retry,
+                telemetry=telemetry,
+                limiter=limiter,
+                clock=clock,
+                sleep=sleep,
+                jitter=jitter,
+            )
+            for name, entry in config.providers.items()
+        }
+
+    def get(self, name: str) -> ProviderClient:
+        try:
+            return self._clients[name]
+        except KeyError:
+            known = ", ".join(sorted(self._clients))
+            raise ConfigError(
+                f"provider {name!r} is not configured; use one of: {known}"
+            ) from None
+
+    def __iter__(self) -> Iterator[ProviderClient]:
+        return iter(self._clients.values())
+
+    def _breaker_changed(self, name: str, state: BreakerState, failures: int) -> None:
+        if state == "open":
+            self._telemetry.emit("breaker_open", provider=name, consecutive_failures=failures,
+                                 cooldown_seconds=self.config.breakers.cooldown_seconds)
+        elif state == "closed":
+            self._telemetry.emit("breaker_closed", provider=name)

@@ -1,0 +1,149 @@
+"""What every wire adapter shares: the request it builds, the parse it returns, and the
+mapping from an HTTP status (plus the provider's own error code) to Conclave's error tree."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar, Protocol
+
+import httpx
+
+from conclave.config import ProviderConfig
+from conclave.errors import (
+    PermanentProviderError,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    TransientProviderError,
+)
+from conclave.messages import CompletionRequest, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    url: str
+    headers: Mapping[str, str]
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCompletion:
+    """An adapter's reading of a 200 response, before pricing and timing are added."""
+
+    text: str
+    finish_reason: str
+    usage: Usage
+    model: str
+    request_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorDetails:
+    """What an adapter reads out of a provider's error body."""
+
+    message: str
+    code: str | None = None  # the provider's own code/type, e.g. "insufficient_quota"
+    retry_after: float | None = None  # a delay the body asks for (Gemini RetryInfo)
+    request_id: str | None = None
+    sticky_quota: bool = False  # a quota that waiting cannot refill (daily, billing)
+
+
+class Adapter(Protocol):
+    """Maps Conclave's neutral request to one wire format and back. No I/O here."""
+
+    kind: ClassVar[str]
+
+    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest:
+        ...
+
+    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion:
+        ...
+
+    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails:
+        ...
+
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+_PERMANENT_CODES = {400: "bad_request", 401: "auth_error", 403: "permission_denied",
+                    404: "not_found", 413: "request_too_large", 422: "unprocessable"}
+_TRANSIENT_CODES = {408: "timeout", 409: "conflict", 503: "unavailable", 529: "overloaded"}
+_UNCURABLE_429 = ("insufficient_quota", "billing", "request too large", "requested ")
+
+
+def status_error(status: int, details: ErrorDetails, headers: httpx.Headers) -> ProviderError:
+    """Turn a non-2xx answer into the right branch of the error tree."""
+    header_delay = retry_after_from_headers(headers)
+    retry_after = header_delay if header_delay is not None else details.retry_after
+    kwargs: dict[str, Any] = {"status": status, "retry_after": retry_after,
+                              "request_id": details.request_id}
+    message = details.message or f"HTTP {status}"
+    if status == 429 and _uncurable_rate_limit(details):
+        code = "insufficient_quota" if "quota" in (details.code or "") else "quota_exhausted"
+        if "too large" in message.lower() or "requested " in message.lower():
+            code = "request_too_large"
+        return PermanentProviderError(message, code=code, **kwargs)
+    retryable = status in RETRYABLE_STATUSES or status >= 500
+    should_retry = headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        retryable = should_retry == "true"
+    if not retryable:
+        code = _PERMANENT_CODES.get(status, f"http_{status}")
+        if details.code and "api_key" in details.code.lower():
+            code = "auth_error"
+        return PermanentProviderError(message, code=code, **kwargs)
+    if status == 429:
+        return RateLimited(message, **kwargs)
+    if status == 408:
+        return ProviderTimeout(message, **kwargs)
+    return TransientProviderError(message, code=_TRANSIENT_CODES.get(status, "server_error"), **kwargs)
+
+
+def _uncurable_rate_limit(details: ErrorDetails) -> bool:
+    if details.sticky_quota:
+        return True
+    haystack = f"{details.code or ''} {details.message}".lower()
+    return any(marker in haystack for marker in _UNCURABLE_429)
+
+
+def retry_after_from_headers(headers: httpx.Headers) -> float | None:
+    """`retry-after-ms`, then `retry-after` as seconds or an HTTP date (as the SDKs do)."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    from datetime import UTC, datetime
+
+    return (when - datetime.now(UTC)).total_seconds()
+
+
+def parse_duration(value: Any) -> float | None:
+    """Google's protobuf Duration as JSON: "47s", "1.5s"."""
+    if isinstance(value, str) and value.endswith("s"):
+        try:
+            return float(value[:-1])
+        except ValueError:
+            return None
+    return None
+
+
+def as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def bare_model(model: str) -> str:
+    """`openai/gpt-5-mini` -> `gpt-5-mini`: routers prefix the vendor."""
+    return model.rsplit("/", 1)[-1].lower()

@@ -1,0 +1,241 @@
+"""One provider, called resiliently: key check, breaker, deadline, retries, telemetry.
+
+This is the only place httpx / aiohttp / JSON exceptions become Conclave errors.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import anyio
+import httpx
+import orjson
+
+from conclave.config import ProviderConfig, RetryPolicy
+from conclave.errors import (
+    DeadlineExceeded,
+    MalformedResponse,
+    MissingApiKey,
+    PermanentProviderError,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnreachable,
+    TransientProviderError,
+)
+from conclave.messages import Completion, CompletionRequest
+from conclave.providers.base import Adapter, ParsedCompletion, WireRequest, status_error
+from conclave.providers.breaker import CircuitBreaker
+from conclave.providers.pricing import cost_usd
+from conclave.providers.retry import decide, explain_give_up
+from conclave.telemetry import Telemetry
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class ProviderClient:
+    """`complete()` is the one method callers use; everything below it is the retry layer."""
+
+    def __init__(
+        self,
+        entry: ProviderConfig,
+        adapter: Adapter,
+        *,
+        http: httpx.AsyncClient,
+        api_key: str | None,
+        breaker: CircuitBreaker,
+        retry: RetryPolicy,
+        telemetry: Telemetry,
+        limiter: anyio.CapacityLimiter,
+        clock: Clock = anyio.current_time,
+        sleep: Sleep = anyio.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.entry = entry
+        self.adapter = adapter
+        self.breaker = breaker
+        self._http = http
+        self._key = api_key
+        self._retry = retry
+        self._telemetry = telemetry
+        self._limiter = limiter
+        self._clock = clock
+        self._sleep = sleep
+        self._jitter = jitter
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
+        """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
+        started = self._clock()
+        attempts = 0
+        try:
+            self._require_key()
+            self.breaker.check()
+            wire = self.adapter.build(request, self.entry, self._key)
+            while True:
+                attempts += 1
+                try:
+                    parsed = await self._attempt(wire, deadline)
+                    break
+                except ProviderError as exc:
+                    await self._before_retry(exc, attempts, deadline)
+        except ProviderError as exc:
+            self._settle_breaker(exc)
+            self._emit_call(started, attempts, error=exc)
+            raise
+        self.breaker.record_success()
+        completion = self._finish(parsed, started, attempts)
+        self._emit_call(started, attempts, completion=completion)
+        return completion
+
+    def _require_key(self) -> None:
+        env = self.entry.api_key_env
+        if env and not self._key:
+            raise MissingApiKey(
+                f"provider {self.name!r} needs an API key: set the environment variable {env} "
+                "(or add it to .env)",
+                provider=self.name,
+            )
+
+    async def _before_retry(self, exc: ProviderError, attempts: int, deadline: float) -> None:
+        """Sleep before the next attempt, or re-raise with the reason Conclave gave up."""
+        exc.provider = self.name
+        remaining = deadline - self._clock()
+        decision = decide(exc, attempt=attempts, policy=self._retry, remaining=remaining,
+                          jitter=self._jitter)
+        if not decision.retry:
+            exc.message = explain_give_up(exc, decision, attempts)
+            exc.args = (exc.message,)
+            if decision.reason == "deadline" and not isinstance(exc, DeadlineExceeded):
+                raise DeadlineExceeded(exc.message, provider=self.name, status=exc.status) from exc
+            raise exc
+        self._telemetry.emit(
+            "provider_retry", provider=self.name, kind=self.entry.kind, attempt=attempts,
+            delay_seconds=round(decision.delay, 3), code=exc.code, http_status=exc.status,
+        )
+        await self._sleep(decision.delay)
+
+    async def _attempt(self, wire: WireRequest, deadline: float) -> ParsedCompletion:
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise DeadlineExceeded("deadline reached before the provider answered",
+                                   provider=self.name)
+        try:
+            with anyio.fail_after(remaining):
+                async with self._limiter:
+                    status, headers, body = await self._post(wire, remaining)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(
+                f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
+            ) from exc
+        return self._read(status, headers, body)
+
+    async def _post(self, wire: WireRequest, seconds: float) -> tuple[int, httpx.Headers, bytes]:
+        """The HTTP exchange, with transport failures translated (and redacted)."""
+        try:
+            response = await self._http.post(
+                wire.url,
+                content=orjson.dumps(wire.body),
+                headers=dict(wire.headers),
+                timeout=httpx.Timeout(seconds, connect=min(seconds, 10.0)),
+            )
+        except httpx.TimeoutException as exc:
+            cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
+                cause, aiohttp.ServerTimeoutError
+            ):
+                # httpx-aiohttp files some dropped connections under ConnectTimeout.
+                raise self._unreachable(exc, "connection_dropped") from exc
+            raise ProviderTimeout(f"timed out: {self._scrub(str(exc)) or type(exc).__name__}",
+                                  provider=self.name) from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise self._unreachable(exc, "connection_dropped") from exc
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc, "connection_error") from exc
+        return response.status_code, response.headers, response.content
+
+    def _unreachable(self, exc: Exception, code: str) -> ProviderUnreachable:
+        detail = self._scrub(str(exc)) or type(exc).__name__
+        what = "connection dropped" if code == "connection_dropped" else "cannot connect"
+        return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=code)
+
+    def _read(self, status: int, headers: httpx.Headers, raw: bytes) -> ParsedCompletion:
+        body = _json_or_none(raw)
+        if status >= 400:
+            details = self.adapter.error_details(body if body is not None else {}, headers)
+            message = details.message or raw[:300].decode("utf-8", "replace")
+            details = replace(details, message=self._scrub(message))
+            error = status_error(status, details, headers)
+            error.provider = self.name
+            raise error
+        if not isinstance(body, dict):
+            raise MalformedResponse(
+                f"HTTP {status} with a body that is not a JSON object ({len(raw)} bytes)",
+                provider=self.name, status=status,
+            )
+        if "error" in body and not any(k in body for k in ("choices", "content", "candidates")):
+            # An in-band error with a 200 status (OpenRouter does this).
+            details = self.adapter.error_details(body, headers)
+            err_status = body["error"].get("code") if isinstance(body["error"], dict) else None
+            code = err_status if isinstance(err_status, int) and err_status >= 400 else 502
+            raise status_error(code, details, headers)
+        try:
+            return self.adapter.parse(body, headers, self.entry)
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise MalformedResponse(
+                f"HTTP {status} response is missing expected fields ({type(exc).__name__}: {exc})",
+                provider=self.name, status=status,
+            ) from exc
+
+    def _finish(self, parsed: ParsedCompletion, started: float, attempts: int) -> Completion:
+        cost = cost_usd(parsed.usage, self.entry.price)
+        return Completion(
+            text=parsed.text,
+            finish_reason=parsed.finish_reason,
+            usage=parsed.usage.with_cost(cost),
+            model=parsed.model,
+            provider=self.name,
+            request_id=parsed.request_id,
+            latency_ms=(self._clock() - started) * 1000.0,
+            attempts=attempts,
+            warnings=("price_unknown",) if cost is None else (),
+        )
+
+    def _settle_breaker(self, exc: ProviderError) -> None:
+        """Only the provider's own failures count against it; a 400 or a missing key do not."""
+        if isinstance(exc, TransientProviderError | MalformedResponse | DeadlineExceeded):
+            self.breaker.record_failure()
+        elif isinstance(exc, PermanentProviderError):
+            self.breaker.release()
+
+    def _emit_call(self, started: float, attempts: int, *, completion: Completion | None = None,
+                   error: ProviderError | None = None) -> None:
+        fields: dict[str, Any] = {
+            "provider": self.name, "kind": self.entry.kind, "model": self.entry.model,
+            "attempts": attempts, "latency_ms": round((self._clock() - started) * 1000.0, 3),
+        }
+        if completion is not None:
+            fields.update(status="ok", finish_reason=completion.finish_reason,
+                          reported_model=completion.model, request_id=completion.request_id,
+                          usage=completion.usage.to_dict(), cost_usd=completion.usage.cost_usd)
+        elif error is not None:
+            fields.update(status="breaker_open" if error.code == "breaker_open" else "error",
+                          code=error.code, http_status=error.status, error=error.message)
+        self._telemetry.emit("provider_call", **fields)
+
+    def _scrub(self, text: str) -> str:
+        return self._telemetry.redactor.text(text)
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None

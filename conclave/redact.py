@@ -1,0 +1,60 @@
+"""Secret redaction, applied to everything that leaves the process: events, errors, transcripts.
+
+Two nets: every configured key value is replaced wherever it appears, and well-known
+credential shapes (bearer tokens, `sk-…`, Google `AIza…`) are replaced even when the key
+was never configured here (a provider may echo back a key it was sent by someone else).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "[REDACTED]"
+SENSITIVE_KEYS = frozenset(
+    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "api_key", "apikey", "key",
+     "proxy-authorization", "cookie", "set-cookie"}
+)
+_CREDENTIAL_SHAPES = re.compile(
+    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"|\bsk-[A-Za-z0-9_-]{16,}"
+    r"|\bAIza[0-9A-Za-z_-]{30,}"
+    r"|\bxai-[A-Za-z0-9]{20,}"
+    r"|([?&]key=)[^&\s\"']+"
+)
+
+
+class Redactor:
+    """Replaces known secret values and credential-shaped strings with a marker."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # Longest first so a key that contains another is replaced whole; short values
+        # (< 8 chars) would redact ordinary words and are not real keys anyway.
+        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return _CREDENTIAL_SHAPES.sub(_mask_match, value)
+
+    def value(self, value: Any) -> Any:
+        """Redact recursively through mappings and sequences."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {k: self._field(str(k), v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+    def _field(self, key: str, value: Any) -> Any:
+        if key.lower() in SENSITIVE_KEYS and isinstance(value, str) and value:
+            return REDACTED
+        return self.value(value)
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    prefix = match.group(1)
+    return f"{prefix}{REDACTED}" if prefix else REDACTED
