@@ -50,20 +50,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"conclave {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="PATH", help="config file (default: $CONCLAVE_CONFIG, "
-                        "./config.yaml, then the packaged default)")
-    common.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE", help="override one config value (repeatable)")
+    common.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: $CONCLAVE_CONFIG, ./config.yaml, then the packaged default)",
+    )
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     providers = sub.add_parser("providers", parents=[common], help="list configured providers")
     providers.add_argument("--json", action="store_true", help="print JSON")
     providers.set_defaults(handler=cmd_providers)
 
-    doctor = sub.add_parser("doctor", parents=[common],
-                            help="check config and keys, and make one tiny call per provider")
-    doctor.add_argument("--simulated", action="store_true",
-                        help="check against the built-in simulated panel (no API key needed)")
+    doctor = sub.add_parser(
+        "doctor", parents=[common], help="check config and keys, and make one tiny call per provider"
+    )
+    doctor.add_argument(
+        "--simulated",
+        action="store_true",
+        help="check against the built-in simulated panel (no API key needed)",
+    )
     doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=cmd_doctor)
@@ -97,9 +110,16 @@ def cmd_providers(args: argparse.Namespace) -> int:
     config = _load(args)
     in_use = providers_in_use(config)
     rows = [
-        {"name": name, "kind": p.kind, "model": p.model, "api_key_env": p.api_key_env,
-         "key_present": config.key_present(name), "in_panel": name in config.panel,
-         "in_use": name in in_use, "breaker": "closed"}
+        {
+            "name": name,
+            "kind": p.kind,
+            "model": p.model,
+            "api_key_env": p.api_key_env,
+            "key_present": config.key_present(name),
+            "in_panel": name in config.panel,
+            "in_use": name in in_use,
+            "breaker": "closed",
+        }
         for name, p in config.providers.items()
     ]
     if args.json:
@@ -108,10 +128,21 @@ def cmd_providers(args: argparse.Namespace) -> int:
     print(f"config: {config.source}")
     table = [["NAME", "KIND", "MODEL", "KEY", "PANEL", "BREAKER"]]
     for row in rows:
-        key = "not needed" if row["api_key_env"] is None else (
-            "yes" if row["key_present"] else f"no (set {row['api_key_env']})")
-        table.append([str(row["name"]), str(row["kind"]), str(row["model"]), key,
-                      "yes" if row["in_panel"] else "no", str(row["breaker"])])
+        key = (
+            "not needed"
+            if row["api_key_env"] is None
+            else ("yes" if row["key_present"] else f"no (set {row['api_key_env']})")
+        )
+        table.append(
+            [
+                str(row["name"]),
+                str(row["kind"]),
+                str(row["model"]),
+                key,
+                "yes" if row["in_panel"] else "no",
+                str(row["breaker"]),
+            ]
+        )
     _print_table(table)
     return 0
 
@@ -145,8 +176,15 @@ async def _maybe_simulated(config: Config, simulated: bool) -> AsyncIterator[Con
 
 
 def _check_dict(check: ProviderCheck) -> dict[str, Any]:
-    return {"name": check.name, "kind": check.kind, "model": check.model, "in_use": check.in_use,
-            "verdict": check.verdict, "detail": check.detail, "broken": check.broken}
+    return {
+        "name": check.name,
+        "kind": check.kind,
+        "model": check.model,
+        "in_use": check.in_use,
+        "verdict": check.verdict,
+        "detail": check.detail,
+        "broken": check.broken,
+    }
 
 
 def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) -> None:
@@ -155,8 +193,16 @@ def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) 
     table = [["PROVIDER", "KIND", "MODEL", "USED", "VERDICT", "DETAIL"]]
     for c in checks:
         verdict = "ok" if c.verdict == "ok" else ("FAIL" if c.in_use else "warn")
-        table.append([c.name, c.kind, c.model, "yes" if c.in_use else "no", verdict,
-                      c.detail if c.verdict == "ok" else f"{c.verdict}: {c.detail}"])
+        table.append(
+            [
+                c.name,
+                c.kind,
+                c.model,
+                "yes" if c.in_use else "no",
+                verdict,
+                c.detail if c.verdict == "ok" else f"{c.verdict}: {c.detail}",
+            ]
+        )
     _print_table(table)
     broken = [c.name for c in checks if c.broken]
     if broken:
@@ -168,8 +214,9 @@ def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) 
 def cmd_sim(args: argparse.Namespace) -> int:
     from conclave.sim.__main__ import main as sim_main
 
-    status: int = sim_main(["--host", args.host, "--port", str(args.port),
-                            "--latency-ms", str(args.latency_ms)])
+    status: int = sim_main(
+        ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
+    )
     return status
 
 

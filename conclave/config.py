@@ -59,6 +59,7 @@ class RetryPolicy:
     initial_delay_seconds: float = 0.5
     max_delay_seconds: float = 8.0
     max_retry_after_seconds: float = 60.0
+    attempt_timeout_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

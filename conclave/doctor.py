@@ -33,8 +33,7 @@ class ProviderCheck:
 
 def providers_in_use(config: Config) -> set[str]:
     roles = config.roles
-    return {*config.panel, roles.proposer, *roles.critics, roles.synthesizer,
-            *roles.synthesizer_fallbacks}
+    return {*config.panel, roles.proposer, *roles.critics, roles.synthesizer, *roles.synthesizer_fallbacks}
 
 
 async def check_providers(runtime: Runtime, *, timeout_seconds: float) -> list[ProviderCheck]:

@@ -13,8 +13,18 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 SENSITIVE_KEYS = frozenset(
-    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "api_key", "apikey", "key",
-     "proxy-authorization", "cookie", "set-cookie"}
+    {
+        "authorization",
+        "x-api-key",
+        "x-goog-api-key",
+        "api-key",
+        "api_key",
+        "apikey",
+        "key",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+    }
 )
 _CREDENTIAL_SHAPES = re.compile(
     r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}"

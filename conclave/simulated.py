@@ -21,12 +21,19 @@ def simulated_config(base: Config, base_urls: dict[str, str]) -> Config:
     `base_urls` maps a wire kind to the running panel's base URL for it.
     """
     providers = {
-        name: ProviderConfig(name=name, kind=kind, model=model, base_url=base_urls[kind],
-                             api_key_env=None, price=price)
+        name: ProviderConfig(
+            name=name, kind=kind, model=model, base_url=base_urls[kind], api_key_env=None, price=price
+        )
         for name, (kind, model, price) in SIMULATED_MEMBERS.items()
     }
     names = tuple(providers)
-    roles = Roles(proposer=names[0], critics=names[1:], synthesizer=names[1],
-                  synthesizer_fallbacks=(names[0], names[2]))
-    return replace(base, providers=providers, panel=names, roles=roles,
-                   source=f"{base.source} (providers replaced by the simulated panel)")
+    roles = Roles(
+        proposer=names[0], critics=names[1:], synthesizer=names[1], synthesizer_fallbacks=(names[0], names[2])
+    )
+    return replace(
+        base,
+        providers=providers,
+        panel=names,
+        roles=roles,
+        source=f"{base.source} (providers replaced by the simulated panel)",
+    )

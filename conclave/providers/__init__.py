@@ -70,16 +70,18 @@ class ProviderPool:
             return self._clients[name]
         except KeyError:
             known = ", ".join(sorted(self._clients))
-            raise ConfigError(
-                f"provider {name!r} is not configured; use one of: {known}"
-            ) from None
+            raise ConfigError(f"provider {name!r} is not configured; use one of: {known}") from None
 
     def __iter__(self) -> Iterator[ProviderClient]:
         return iter(self._clients.values())
 
     def _breaker_changed(self, name: str, state: BreakerState, failures: int) -> None:
         if state == "open":
-            self._telemetry.emit("breaker_open", provider=name, consecutive_failures=failures,
-                                 cooldown_seconds=self.config.breakers.cooldown_seconds)
+            self._telemetry.emit(
+                "breaker_open",
+                provider=name,
+                consecutive_failures=failures,
+                cooldown_seconds=self.config.breakers.cooldown_seconds,
+            )
         elif state == "closed":
             self._telemetry.emit("breaker_closed", provider=name)

@@ -15,9 +15,14 @@ from conclave.providers.base import ErrorDetails, ParsedCompletion, WireRequest,
 API_VERSION = "2023-06-01"
 # Claude Opus 4.7 / 4.8 / 5 reject sampling settings altogether (pydantic-ai profile).
 _NO_SAMPLING = re.compile(r"^claude-opus-(4-[7-9]|[5-9])")
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-           "tool_use": "tool_calls", "refusal": "content_filter",
-           "model_context_window_exceeded": "length"}
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "model_context_window_exceeded": "length",
+}
 
 
 class AnthropicAdapter:
@@ -33,8 +38,7 @@ class AnthropicAdapter:
             body["system"] = request.system
         if request.temperature is not None and not _NO_SAMPLING.match(bare_model(entry.model)):
             body["temperature"] = min(request.temperature, 1.0)
-        headers = {"content-type": "application/json", "anthropic-version": API_VERSION,
-                   **entry.headers}
+        headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **entry.headers}
         if key:
             headers["x-api-key"] = key
         return WireRequest(f"{entry.base_url}/v1/messages", headers, body)
@@ -55,9 +59,7 @@ class AnthropicAdapter:
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):
             err = {}
-        request_id = (body.get("request_id") if isinstance(body, dict) else None) or headers.get(
-            "request-id"
-        )
+        request_id = (body.get("request_id") if isinstance(body, dict) else None) or headers.get("request-id")
         code = err.get("type")
         return ErrorDetails(
             message=str(err.get("message") or ""),

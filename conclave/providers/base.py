@@ -55,33 +55,35 @@ class Adapter(Protocol):
 
     kind: ClassVar[str]
 
-    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest:
-        ...
+    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest: ...
 
-    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion:
-        ...
+    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion: ...
 
-    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails:
-        ...
+    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails: ...
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-_PERMANENT_CODES = {400: "bad_request", 401: "auth_error", 403: "permission_denied",
-                    404: "not_found", 413: "request_too_large", 422: "unprocessable"}
+_PERMANENT_CODES = {
+    400: "bad_request",
+    401: "auth_error",
+    403: "permission_denied",
+    404: "not_found",
+    413: "request_too_large",
+    422: "unprocessable",
+}
 _TRANSIENT_CODES = {408: "timeout", 409: "conflict", 503: "unavailable", 529: "overloaded"}
-_UNCURABLE_429 = ("insufficient_quota", "billing", "request too large", "requested ")
+_UNCURABLE_429 = ("insufficient_quota", "request too large")
 
 
 def status_error(status: int, details: ErrorDetails, headers: httpx.Headers) -> ProviderError:
     """Turn a non-2xx answer into the right branch of the error tree."""
     header_delay = retry_after_from_headers(headers)
     retry_after = header_delay if header_delay is not None else details.retry_after
-    kwargs: dict[str, Any] = {"status": status, "retry_after": retry_after,
-                              "request_id": details.request_id}
+    kwargs: dict[str, Any] = {"status": status, "retry_after": retry_after, "request_id": details.request_id}
     message = details.message or f"HTTP {status}"
     if status == 429 and _uncurable_rate_limit(details):
         code = "insufficient_quota" if "quota" in (details.code or "") else "quota_exhausted"
-        if "too large" in message.lower() or "requested " in message.lower():
+        if "request too large" in message.lower():
             code = "request_too_large"
         return PermanentProviderError(message, code=code, **kwargs)
     retryable = status in RETRYABLE_STATUSES or status >= 500

@@ -14,6 +14,7 @@ import aiohttp
 import anyio
 import httpx
 import orjson
+from tenacity import AsyncRetrying, RetryCallState, stop_never
 
 from conclave.config import ProviderConfig, RetryPolicy
 from conclave.errors import (
@@ -30,7 +31,7 @@ from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, ParsedCompletion, WireRequest, status_error
 from conclave.providers.breaker import CircuitBreaker
 from conclave.providers.pricing import cost_usd
-from conclave.providers.retry import decide, explain_give_up
+from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.telemetry import Telemetry
 
 Clock = Callable[[], float]
@@ -74,25 +75,30 @@ class ProviderClient:
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
         started = self._clock()
-        attempts = 0
+        policy = _CallRetryPolicy(self, deadline)
         try:
             self._require_key()
             self.breaker.check()
             wire = self.adapter.build(request, self.entry, self._key)
-            while True:
-                attempts += 1
-                try:
-                    parsed = await self._attempt(wire, deadline)
-                    break
-                except ProviderError as exc:
-                    await self._before_retry(exc, attempts, deadline)
+            retrying = AsyncRetrying(
+                retry=policy.should_retry,
+                wait=policy.wait,
+                stop=stop_never,
+                sleep=self._sleep,
+                before_sleep=policy.announce,
+                reraise=True,
+            )
+            parsed: ParsedCompletion = await retrying(self._attempt, wire, deadline)
         except ProviderError as exc:
-            self._settle_breaker(exc)
-            self._emit_call(started, attempts, error=exc)
-            raise
+            final = policy.give_up(exc)
+            self._settle_breaker(final)
+            self._emit_call(started, policy.attempts, error=final)
+            if final is exc:
+                raise
+            raise final from exc
         self.breaker.record_success()
-        completion = self._finish(parsed, started, attempts)
-        self._emit_call(started, attempts, completion=completion)
+        completion = self._finish(parsed, started, policy.attempts)
+        self._emit_call(started, policy.attempts, completion=completion)
         return completion
 
     def _require_key(self) -> None:
@@ -104,34 +110,18 @@ class ProviderClient:
                 provider=self.name,
             )
 
-    async def _before_retry(self, exc: ProviderError, attempts: int, deadline: float) -> None:
-        """Sleep before the next attempt, or re-raise with the reason Conclave gave up."""
-        exc.provider = self.name
-        remaining = deadline - self._clock()
-        decision = decide(exc, attempt=attempts, policy=self._retry, remaining=remaining,
-                          jitter=self._jitter)
-        if not decision.retry:
-            exc.message = explain_give_up(exc, decision, attempts)
-            exc.args = (exc.message,)
-            if decision.reason == "deadline" and not isinstance(exc, DeadlineExceeded):
-                raise DeadlineExceeded(exc.message, provider=self.name, status=exc.status) from exc
-            raise exc
-        self._telemetry.emit(
-            "provider_retry", provider=self.name, kind=self.entry.kind, attempt=attempts,
-            delay_seconds=round(decision.delay, 3), code=exc.code, http_status=exc.status,
-        )
-        await self._sleep(decision.delay)
-
     async def _attempt(self, wire: WireRequest, deadline: float) -> ParsedCompletion:
         remaining = deadline - self._clock()
         if remaining <= 0:
-            raise DeadlineExceeded("deadline reached before the provider answered",
-                                   provider=self.name)
+            raise DeadlineExceeded("deadline reached before the provider answered", provider=self.name)
+        budget = min(remaining, self._retry.attempt_timeout_seconds)
         try:
-            with anyio.fail_after(remaining):
+            with anyio.fail_after(budget):
                 async with self._limiter:
-                    status, headers, body = await self._post(wire, remaining)
+                    status, headers, body = await self._post(wire, budget)
         except TimeoutError as exc:
+            if budget < remaining:
+                raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name) from exc
             raise DeadlineExceeded(
                 f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
             ) from exc
@@ -147,14 +137,17 @@ class ProviderClient:
                 timeout=httpx.Timeout(seconds, connect=min(seconds, 10.0)),
             )
         except httpx.TimeoutException as exc:
+            # httpx-aiohttp files refused and dropped connections under ConnectTimeout too.
             cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientConnectorError):
+                raise self._unreachable(exc, "connection_error") from exc
             if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
                 cause, aiohttp.ServerTimeoutError
             ):
-                # httpx-aiohttp files some dropped connections under ConnectTimeout.
                 raise self._unreachable(exc, "connection_dropped") from exc
-            raise ProviderTimeout(f"timed out: {self._scrub(str(exc)) or type(exc).__name__}",
-                                  provider=self.name) from exc
+            raise ProviderTimeout(
+                f"timed out: {self._scrub(str(exc)) or type(exc).__name__}", provider=self.name
+            ) from exc
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise self._unreachable(exc, "connection_dropped") from exc
         except httpx.HTTPError as exc:
@@ -178,7 +171,8 @@ class ProviderClient:
         if not isinstance(body, dict):
             raise MalformedResponse(
                 f"HTTP {status} with a body that is not a JSON object ({len(raw)} bytes)",
-                provider=self.name, status=status,
+                provider=self.name,
+                status=status,
             )
         if "error" in body and not any(k in body for k in ("choices", "content", "candidates")):
             # An in-band error with a 200 status (OpenRouter does this).
@@ -191,7 +185,8 @@ class ProviderClient:
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise MalformedResponse(
                 f"HTTP {status} response is missing expected fields ({type(exc).__name__}: {exc})",
-                provider=self.name, status=status,
+                provider=self.name,
+                status=status,
             ) from exc
 
     def _finish(self, parsed: ParsedCompletion, started: float, attempts: int) -> Completion:
@@ -215,23 +210,95 @@ class ProviderClient:
         elif isinstance(exc, PermanentProviderError):
             self.breaker.release()
 
-    def _emit_call(self, started: float, attempts: int, *, completion: Completion | None = None,
-                   error: ProviderError | None = None) -> None:
+    def _emit_call(
+        self,
+        started: float,
+        attempts: int,
+        *,
+        completion: Completion | None = None,
+        error: ProviderError | None = None,
+    ) -> None:
         fields: dict[str, Any] = {
-            "provider": self.name, "kind": self.entry.kind, "model": self.entry.model,
-            "attempts": attempts, "latency_ms": round((self._clock() - started) * 1000.0, 3),
+            "provider": self.name,
+            "kind": self.entry.kind,
+            "model": self.entry.model,
+            "attempts": attempts,
+            "latency_ms": round((self._clock() - started) * 1000.0, 3),
         }
         if completion is not None:
-            fields.update(status="ok", finish_reason=completion.finish_reason,
-                          reported_model=completion.model, request_id=completion.request_id,
-                          usage=completion.usage.to_dict(), cost_usd=completion.usage.cost_usd)
+            fields.update(
+                status="ok",
+                finish_reason=completion.finish_reason,
+                reported_model=completion.model,
+                request_id=completion.request_id,
+                usage=completion.usage.to_dict(),
+                cost_usd=completion.usage.cost_usd,
+            )
         elif error is not None:
-            fields.update(status="breaker_open" if error.code == "breaker_open" else "error",
-                          code=error.code, http_status=error.status, error=error.message)
+            fields.update(
+                status="breaker_open" if error.code == "breaker_open" else "error",
+                code=error.code,
+                http_status=error.status,
+                error=error.message,
+            )
         self._telemetry.emit("provider_call", **fields)
 
     def _scrub(self, text: str) -> str:
         return self._telemetry.redactor.text(text)
+
+
+class _CallRetryPolicy:
+    """tenacity's hooks for one call: `decide` judges each failure against the deadline,
+    and the last verdict explains why Conclave stopped asking."""
+
+    def __init__(self, client: ProviderClient, deadline: float) -> None:
+        self._client = client
+        self._deadline = deadline
+        self.attempts = 0
+        self.decision: RetryDecision | None = None
+
+    def should_retry(self, state: RetryCallState) -> bool:
+        self.attempts = state.attempt_number
+        outcome = state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if exc is None:
+            return False
+        client = self._client
+        self.decision = decide(
+            exc,
+            attempt=state.attempt_number,
+            policy=client._retry,
+            remaining=self._deadline - client._clock(),
+            jitter=client._jitter,
+        )
+        return self.decision.retry
+
+    def wait(self, _state: RetryCallState) -> float:
+        return self.decision.delay if self.decision is not None else 0.0
+
+    def announce(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        client = self._client
+        client._telemetry.emit(
+            "provider_retry",
+            provider=client.name,
+            kind=client.entry.kind,
+            attempt=state.attempt_number,
+            delay_seconds=round(self.wait(state), 3),
+            code=getattr(exc, "code", "error"),
+            http_status=getattr(exc, "status", None),
+        )
+
+    def give_up(self, exc: ProviderError) -> ProviderError:
+        """The error to surface: the provider's words plus why retrying stopped."""
+        exc.provider = self._client.name
+        if self.decision is None or self.decision.retry:
+            return exc
+        exc.message = explain_give_up(exc, self.decision, self.attempts)
+        exc.args = (exc.message,)
+        if self.decision.reason == "deadline" and not isinstance(exc, DeadlineExceeded):
+            return DeadlineExceeded(exc.message, provider=exc.provider, status=exc.status)
+        return exc
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -48,8 +48,11 @@ class OpenAIAdapter:
             role = "user" if _SYSTEM_AS_USER.match(bare_model(entry.model)) else "system"
             messages.append({"role": role, "content": request.system})
         messages += [{"role": m.role, "content": m.content} for m in request.messages]
-        body: dict[str, Any] = {"model": entry.model, "messages": messages,
-                                max_tokens_field(entry): request.max_tokens}
+        body: dict[str, Any] = {
+            "model": entry.model,
+            "messages": messages,
+            max_tokens_field(entry): request.max_tokens,
+        }
         if request.temperature is not None and not reasoning:
             body["temperature"] = request.temperature
         headers = {"content-type": "application/json", **entry.headers}
@@ -80,8 +83,9 @@ class OpenAIAdapter:
         if raw:  # OpenRouter: the upstream provider's own words
             message = f"{message}: {raw}"
         code = err.get("code") if isinstance(err.get("code"), str) else err.get("type")
-        return ErrorDetails(message=message, code=str(code) if code else None,
-                            request_id=headers.get("x-request-id"))
+        return ErrorDetails(
+            message=message, code=str(code) if code else None, request_id=headers.get("x-request-id")
+        )
 
 
 def _content_text(content: Any) -> str:
@@ -89,9 +93,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
-        )
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return ""
 
 

@@ -49,8 +49,10 @@ def backoff(attempt: int, policy: RetryPolicy, jitter: Callable[[], float]) -> f
 def explain_give_up(exc: ProviderError, decision: RetryDecision, attempts: int) -> str:
     """The final error message: the provider's words plus why Conclave stopped asking."""
     if decision.reason == "retry_after_too_long":
-        return (f"{exc.message} (the provider asks to retry after {decision.delay:.0f}s, longer "
-                "than Conclave waits; try again then)")
+        return (
+            f"{exc.message} (the provider asks to retry after {decision.delay:.0f}s, longer "
+            "than Conclave waits; try again then)"
+        )
     if decision.reason == "deadline":
         return f"{exc.message} (gave up after {attempts} attempts: the deadline left no time to retry)"
     if decision.reason == "attempts" and attempts > 1:

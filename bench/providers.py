@@ -1,0 +1,161 @@
+"""F1 floor figures: the simulated panel's own maximum rate, and what Conclave's provider
+layer adds per call over a raw aiohttp request for the same body, for each wire kind.
+
+Run: scripts/bench  (or: .venv/bin/python -m bench.providers --calls 1000 --rounds 5)
+
+The panel runs in its own process at 0 ms latency so its CPU is not counted here. Raw and
+Conclave batches are interleaved round by round and medians reported, so drift on a busy
+machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+
+from conclave.config import Config, load_config
+from conclave.http import make_http_client
+from conclave.messages import CompletionRequest
+from conclave.providers import ADAPTERS, ProviderPool
+from conclave.schemas import data_path
+from conclave.simulated import simulated_config
+from conclave.telemetry import Telemetry
+
+KINDS = ("openai", "anthropic", "gemini")
+REQUEST = CompletionRequest.ask("Which option is best, and why?", max_tokens=64)
+
+
+@contextmanager
+def panel_process() -> Iterator[dict[str, str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conclave.sim", "--port", "0", "--no-record"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        urls = dict(proc.stdout.readline().split() for _ in KINDS)
+        yield urls
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def timed(n: int, call: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+    """Wall and CPU seconds per call over n sequential calls."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        await call()
+    return (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
+
+
+async def panel_rate(
+    session: aiohttp.ClientSession, url: str, body: bytes, total: int, concurrency: int
+) -> float:
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                await r.read()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return total / (time.perf_counter() - start)
+
+
+async def run(args: argparse.Namespace) -> None:
+    with panel_process() as urls:
+        base = load_config(str(data_path("config.yaml")), env={}, dotenv=None)
+        config: Config = simulated_config(base, urls)
+        telemetry = Telemetry(None)
+        async with make_http_client() as http, aiohttp.ClientSession() as session:
+            pool = ProviderPool(config, http=http, telemetry=telemetry)
+            clients = {pool.get(name).entry.kind: pool.get(name) for name in config.providers}
+            wires = {k: ADAPTERS[k].build(REQUEST, clients[k].entry, None) for k in KINDS}
+
+            def raw_call(kind: str) -> Callable[[], Awaitable[Any]]:
+                wire = wires[kind]
+                payload = orjson.dumps(wire.body)
+
+                async def call() -> Any:
+                    async with session.post(wire.url, data=payload, headers=dict(wire.headers)) as r:
+                        return orjson.loads(await r.read())
+
+                return call
+
+            def conclave_call(kind: str) -> Callable[[], Awaitable[Any]]:
+                client = clients[kind]
+                return lambda: client.complete(REQUEST, deadline=anyio.current_time() + 30)
+
+            samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for kind in KINDS:  # warm connections and code paths
+                await timed(50, raw_call(kind))
+                await timed(50, conclave_call(kind))
+            for _ in range(args.rounds):
+                for kind in KINDS:
+                    samples.setdefault((kind, "raw"), []).append(await timed(args.calls, raw_call(kind)))
+                    samples.setdefault((kind, "conclave"), []).append(
+                        await timed(args.calls, conclave_call(kind))
+                    )
+
+            wire = wires["openai"]
+            rates = [
+                await panel_rate(session, wire.url, orjson.dumps(wire.body), args.rate_requests, c)
+                for c in (16, 64, 256)
+            ]
+
+    print(
+        f"Conclave provider-layer benchmark (simulated panel, 0 ms latency, its own process; "
+        f"{args.rounds} interleaved rounds x {args.calls} sequential calls, medians)"
+    )
+    print(
+        f"{'kind':<10} {'raw aiohttp ms/call':>20} {'conclave ms/call':>17} {'overhead ms':>12} "
+        f"{'raw CPU ms':>11} {'conclave CPU ms':>16}"
+    )
+    for kind in KINDS:
+        raw = samples[(kind, "raw")]
+        ours = samples[(kind, "conclave")]
+        raw_wall = statistics.median(s[0] for s in raw) * 1e3
+        our_wall = statistics.median(s[0] for s in ours) * 1e3
+        raw_cpu = statistics.median(s[1] for s in raw) * 1e3
+        our_cpu = statistics.median(s[1] for s in ours) * 1e3
+        print(
+            f"{kind:<10} {raw_wall:>20.3f} {our_wall:>17.3f} {our_wall - raw_wall:>12.3f} "
+            f"{raw_cpu:>11.3f} {our_cpu:>16.3f}"
+        )
+    print(
+        f"panel max rate (raw aiohttp client, {args.rate_requests} requests): "
+        + ", ".join(
+            f"{rate:,.0f} req/s at concurrency {c}" for rate, c in zip(rates, (16, 64, 256), strict=True)
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=500, help="sequential calls per batch")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--rate-requests", type=int, default=5000, help="requests per panel-rate point")
+    args = parser.parse_args()
+    anyio.run(run, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""The simulated panel: a scripted HTTP fake of OpenAI, Anthropic and Gemini.
+
+Start it with `async with SimPanel() as panel:` (or `python -m conclave.sim`), point
+adapters at `panel.base_url(kind)`, and script each model with a `Scenario`.
+"""
+
+from conclave.sim.recording import ReceivedRequest, mask_secret
+from conclave.sim.scenarios import Reply, Rule, Scenario
+from conclave.sim.server import SimPanel
+
+__all__ = ["ReceivedRequest", "Reply", "Rule", "Scenario", "SimPanel", "mask_secret"]

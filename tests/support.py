@@ -1,0 +1,67 @@
+"""Test helpers: wire samples served through an httpx MockTransport, and a pool builder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from conclave.config import Config
+from conclave.http import make_http_client
+from conclave.providers import ProviderPool
+from conclave.telemetry import Telemetry
+
+SAMPLES: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "fixtures" / "wire_samples.json").read_text(encoding="utf-8")
+)
+
+Step = str | Callable[[httpx.Request], httpx.Response]
+
+
+def sample_response(name: str) -> httpx.Response:
+    sample = SAMPLES[name]
+    return httpx.Response(sample["status"], headers=sample["headers"], json=sample["body"])
+
+
+class ScriptedTransport(httpx.MockTransport):
+    """Answers the n-th request with the n-th step (the last one repeats) and records requests."""
+
+    def __init__(self, *steps: Step) -> None:
+        self.steps = steps
+        self.requests: list[httpx.Request] = []
+        super().__init__(self._handle)
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        step = self.steps[min(len(self.requests), len(self.steps)) - 1]
+        return sample_response(step) if isinstance(step, str) else step(request)
+
+    def bodies(self) -> list[Any]:
+        return [orjson.loads(r.content) for r in self.requests]
+
+
+@contextlib.asynccontextmanager
+async def open_pool(
+    config: Config, transport: httpx.AsyncBaseTransport, **kwargs: Any
+) -> AsyncIterator[ProviderPool]:
+    telemetry = Telemetry(config.telemetry.path, secrets=config.secrets.values())
+    try:
+        async with make_http_client(transport=transport) as http:
+            yield ProviderPool(config, http=http, telemetry=telemetry, **kwargs)
+    finally:
+        telemetry.close()
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+
+
+def provider_entry(kind: str, model: str, base_url: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "model": model, "base_url": base_url, **extra}

@@ -1,0 +1,124 @@
+"""The `conclave` command as a user runs it: a subprocess, its exit code and what it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conclave.cli import PLANNED
+
+CANARY = "sk-canary-cli-5e1f0a9d3c7b"
+
+
+def conclave(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "conclave", *args],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_help_lists_every_spec_command(tmp_path: Path) -> None:
+    result = conclave("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in (
+        "serve",
+        "confer",
+        "coordinate",
+        "fetch",
+        "verify",
+        "providers",
+        "tail",
+        "doctor",
+        "demo",
+    ):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", sorted(PLANNED))
+def test_a_command_not_built_yet_says_so_and_exits_non_zero(tmp_path: Path, command: str) -> None:
+    result = conclave(command, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "not implemented yet" in result.stderr
+    assert result.stdout == ""
+
+
+def test_providers_shows_key_presence_never_the_key(tmp_path: Path) -> None:
+    result = conclave("providers", "--json", cwd=tmp_path, env={"OPENAI_API_KEY": CANARY})
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["openai"]["key_present"] is True
+    assert rows["anthropic"]["key_present"] is False
+    assert rows["openai"]["in_panel"] is True and rows["xai"]["in_panel"] is False
+    assert rows["openai"]["breaker"] == "closed"
+    assert rows["ollama"]["api_key_env"] is None
+    assert CANARY not in result.stdout + result.stderr
+
+
+def test_providers_table_tells_which_variable_to_set(tmp_path: Path) -> None:
+    result = conclave("providers", cwd=tmp_path)
+    assert "no (set ANTHROPIC_API_KEY)" in result.stdout
+
+
+def test_doctor_against_the_simulated_panel_passes_for_every_wire_kind(tmp_path: Path) -> None:
+    result = conclave("doctor", "--simulated", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SIMULATED" in result.stdout
+    for name in ("sim-openai", "sim-anthropic", "sim-gemini"):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(name))
+        assert " ok " in line
+    assert "verdict: ok" in result.stdout
+    events = (tmp_path / ".conclave" / "events.ndjson").read_text(encoding="utf-8").splitlines()
+    assert sum('"provider_call"' in e for e in events) == 3
+
+
+def test_doctor_fails_naming_missing_variables_and_unreachable_providers(tmp_path: Path) -> None:
+    closed = "http://127.0.0.1:9/v1"  # discard port: nothing answers on loopback
+    providers = {
+        "a": {"kind": "openai", "model": "m", "base_url": closed, "api_key_env": "A_API_KEY"},
+        "b": {"kind": "anthropic", "model": "m", "base_url": closed, "api_key_env": "B_API_KEY"},
+        "spare": {"kind": "gemini", "model": "m", "base_url": closed, "api_key_env": "C_API_KEY"},
+    }
+    (tmp_path / "config.yaml").write_text(
+        json.dumps({"providers": providers, "panel": ["a", "b"], "limits": {"retry": {"max_attempts": 1}}})
+    )
+    result = conclave("doctor", cwd=tmp_path, env={"A_API_KEY": CANARY})
+    assert result.returncode == 1
+    lines = {
+        line.split()[0]: line
+        for line in result.stdout.splitlines()[2:]
+        if line and not line.startswith("verdict")
+    }
+    assert "FAIL" in lines["a"] and "connection_error" in lines["a"]
+    assert "FAIL" in lines["b"] and "set the environment variable B_API_KEY" in lines["b"]
+    assert "warn" in lines["spare"], "a provider nothing uses is reported, not failed"
+    assert "BROKEN" in result.stdout and "a, b" in result.stdout
+    assert CANARY not in result.stdout + result.stderr
+    log = (tmp_path / ".conclave" / "events.ndjson").read_text(encoding="utf-8")
+    assert CANARY not in log
+
+
+def test_config_errors_are_one_line_on_stderr_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("panel: [a\n", encoding="utf-8")
+    result = conclave("providers", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("conclave: config:")
+
+
+def test_every_command_takes_config(tmp_path: Path) -> None:
+    result = conclave("providers", "--config", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "missing.yaml" in result.stderr

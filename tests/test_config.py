@@ -1,0 +1,177 @@
+"""Config discovery, resolution order and one-line errors that name the key path and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conclave.config import load_config
+from conclave.errors import ConfigError
+from conclave.schemas import data_path
+
+Write = Callable[..., Path]
+MINIMAL: dict[str, Any] = {
+    "providers": {
+        "a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key_env": "A_KEY"}
+    },
+    "panel": ["a"],
+}
+
+
+def error_of(*args: Any, **kwargs: Any) -> str:
+    kwargs.setdefault("env", {})
+    kwargs.setdefault("dotenv", None)
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, "config errors are one line"
+    return message
+
+
+def test_packaged_default_config_is_valid_and_has_every_preset() -> None:
+    config = load_config(str(data_path("config.yaml")), env={}, dotenv=None)
+    assert set(config.providers) == {
+        "openai",
+        "anthropic",
+        "gemini",
+        "xai",
+        "mistral",
+        "groq",
+        "deepseek",
+        "openrouter",
+        "ollama",
+    }
+    assert config.providers["ollama"].api_key_env is None
+    assert config.providers["ollama"].base_url == "http://127.0.0.1:11434/v1"
+    assert config.providers["ollama"].price is None
+    assert config.providers["anthropic"].price is not None
+    assert config.providers["anthropic"].price.cache_write_per_mtok == 3.75
+    assert config.panel == ("openai", "anthropic", "gemini")
+
+
+def test_missing_file_named_by_flag_says_which_and_how_to_fix(tmp_path: Path) -> None:
+    message = error_of(str(tmp_path / "nope.yaml"))
+    assert "nope.yaml" in message
+    assert "--config" in message
+
+
+def test_missing_file_named_by_environment_says_so(tmp_path: Path) -> None:
+    message = error_of(None, env={"CONCLAVE_CONFIG": str(tmp_path / "gone.yaml")})
+    assert "CONCLAVE_CONFIG" in message
+
+
+def test_bad_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("panel: [a, b\nlimits: {", encoding="utf-8")
+    message = error_of(str(path))
+    assert "line" in message
+    assert "YAML" in message
+
+
+def test_unknown_key_names_its_path_and_what_is_allowed(write_config: Write) -> None:
+    message = error_of(str(write_config({**MINIMAL, "limits": {"timeout": 5}})))
+    assert message.startswith("config: limits:")
+    assert "'timeout'" in message
+    assert "timeout_seconds" in message
+    assert "remove it" in message
+
+
+def test_unknown_top_level_section_is_rejected(write_config: Write) -> None:
+    message = error_of(str(write_config({**MINIMAL, "panle": ["a"]})))
+    assert "'panle'" in message
+
+
+def test_wrong_type_names_the_path_and_the_expected_type(write_config: Write) -> None:
+    message = error_of(str(write_config({**MINIMAL, "breakers": {"failure_threshold": "five"}})))
+    assert message.startswith("config: breakers.failure_threshold:")
+    assert "'integer'" in message
+
+
+def test_bad_provider_kind_lists_the_valid_kinds(write_config: Write) -> None:
+    data = {"providers": {"a": {"kind": "cohere", "model": "m", "base_url": "https://x"}}, "panel": ["a"]}
+    message = error_of(str(write_config(data)))
+    assert message.startswith("config: providers.a.kind:")
+    assert "openai" in message
+
+
+def test_provider_missing_a_required_field_says_add_it(write_config: Write) -> None:
+    data = {"providers": {"a": {"kind": "openai", "base_url": "https://x"}}, "panel": ["a"]}
+    message = error_of(str(write_config(data)))
+    assert "providers.a" in message
+    assert "'model'" in message
+
+
+def test_panel_naming_an_undefined_provider_lists_the_defined_ones(write_config: Write) -> None:
+    message = error_of(str(write_config({**MINIMAL, "panel": ["a", "ghost"]})))
+    assert message.startswith("config: panel[1]: provider 'ghost' is not defined")
+    assert "one of: a" in message
+
+
+def test_role_naming_an_undefined_provider_is_rejected(write_config: Write) -> None:
+    message = error_of(str(write_config({**MINIMAL, "roles": {"critics": ["ghost"]}})))
+    assert "roles.critics[0]" in message
+
+
+def test_discovery_prefers_flag_then_environment_then_local_file(
+    write_config: Write, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flag = write_config({**MINIMAL, "limits": {"max_tokens": 1}}, "flag.yaml")
+    env_file = write_config({**MINIMAL, "limits": {"max_tokens": 2}}, "env.yaml")
+    write_config({**MINIMAL, "limits": {"max_tokens": 3}}, "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    env = {"CONCLAVE_CONFIG": str(env_file)}
+    assert load_config(str(flag), env=env, dotenv=None).limits.max_tokens == 1
+    assert load_config(None, env=env, dotenv=None).limits.max_tokens == 2
+    assert load_config(None, env={}, dotenv=None).limits.max_tokens == 3
+
+
+def test_without_any_file_the_packaged_default_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, env={}, dotenv=None)
+    assert config.source == str(data_path("config.yaml"))
+
+
+def test_cli_overrides_beat_environment_which_beats_the_file(write_config: Write) -> None:
+    path = write_config({**MINIMAL, "providers": {**MINIMAL["providers"], "b": MINIMAL["providers"]["a"]}})
+    config = load_config(str(path), env={"CONCLAVE_PANEL": "b"}, dotenv=None)
+    assert config.panel == ("b",)
+    config = load_config(str(path), env={"CONCLAVE_PANEL": "b"}, dotenv=None, overrides=["panel=[a]"])
+    assert config.panel == ("a",)
+
+
+def test_set_override_is_validated_like_the_file(write_config: Write) -> None:
+    message = error_of(str(write_config(MINIMAL)), overrides=["limits.max_tokens=lots"])
+    assert message.startswith("config: limits.max_tokens:")
+
+
+def test_keys_come_from_the_environment_over_a_local_dotenv(write_config: Write, tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("# keys\nexport A_KEY='from-dotenv-123456'\n", encoding="utf-8")
+    path = str(write_config(MINIMAL))
+    assert load_config(path, env={}, dotenv=dotenv).api_key("a") == "from-dotenv-123456"
+    assert (
+        load_config(path, env={"A_KEY": "from-env-1234567"}, dotenv=dotenv).api_key("a") == "from-env-1234567"
+    )
+
+
+def test_the_config_object_is_frozen_and_never_shows_keys(write_config: Write) -> None:
+    config = load_config(str(write_config(MINIMAL)), env={"A_KEY": "sk-secret-value-123456"}, dotenv=None)
+    assert "sk-secret-value-123456" not in repr(config)
+    with pytest.raises(AttributeError):
+        config.panel = ()  # type: ignore[misc]
+
+
+def test_roles_default_from_the_panel(write_config: Write) -> None:
+    providers = dict.fromkeys(("x", "y", "z"), MINIMAL["providers"]["a"])
+    config = load_config(
+        str(write_config({"providers": providers, "panel": ["x", "y", "z"]})), env={}, dotenv=None
+    )
+    assert config.roles.proposer == "x"
+    assert config.roles.critics == ("y", "z")
+    assert config.roles.synthesizer == "x"
+    assert config.roles.synthesizer_fallbacks == ("y", "z")
