@@ -1,3 +1,5 @@
 from conclave.cli import main
 
-raise SystemExit(main())
+# The guard matters: worker processes (verify's regex sandbox) re-import the main module.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,17 +15,16 @@ import orjson
 from conclave import __version__
 from conclave.config import Config, load_config
 from conclave.doctor import ProviderCheck, check_providers, providers_in_use
-from conclave.errors import ConfigError
+from conclave.errors import ConfigError, InvalidArguments, ToolError
 from conclave.runtime import Runtime, open_runtime
 from conclave.simulated import simulated_config
+from conclave.tools import build_registry
 
 # Commands the SPEC names that later issues build; each says so instead of pretending.
 PLANNED = {
     "serve": ("run the JSON-RPC / MCP server (stdio; --http HOST:PORT)", "F5"),
     "confer": ("ask every provider in the panel the same question, in parallel", "F4/F5"),
     "coordinate": ("run a proposer -> critics -> synthesizer debate", "F4/F5"),
-    "fetch": ("fetch one URL under the fetch policies", "F2/F5"),
-    "verify": ("run deterministic checks", "F2/F5"),
     "tail": ("follow the event log with filters", "F5"),
     "demo": ("run confer and coordinate end to end against the simulated panel", "F5"),
 }
@@ -80,6 +80,23 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=cmd_doctor)
+
+    fetch = sub.add_parser("fetch", parents=[common], help="fetch one URL under the fetch policies")
+    fetch.add_argument("url")
+    fetch.add_argument("--max-bytes", type=int, metavar="N")
+    fetch.add_argument("--session", metavar="ID", help="session whose egress budget to spend")
+    fetch.add_argument("--json", action="store_true", help="print the structured result")
+    fetch.set_defaults(handler=cmd_fetch)
+
+    verify = sub.add_parser("verify", parents=[common], help="run deterministic checks")
+    verify.add_argument(
+        "--checks",
+        required=True,
+        metavar="FILE|-",
+        help="JSON file holding the checks array (or {'checks': [...]}); - reads stdin",
+    )
+    verify.add_argument("--json", action="store_true", help="print the structured result")
+    verify.set_defaults(handler=cmd_verify)
 
     sim = sub.add_parser("sim", parents=[common], help="run the simulated panel as a server")
     sim.add_argument("--host", default="127.0.0.1")
@@ -209,6 +226,51 @@ def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) 
         print(f"verdict: BROKEN - providers in use that fail: {', '.join(broken)}")
     else:
         print("verdict: ok - every provider in use answered")
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    tool_args: dict[str, Any] = {"url": args.url}
+    if args.max_bytes is not None:
+        tool_args["max_bytes"] = args.max_bytes
+    if args.session:
+        tool_args["session_id"] = args.session
+    return _run_tool(args, "fetch", tool_args, failed=lambda _result: False)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    source = sys.stdin.read() if args.checks == "-" else Path(args.checks).read_text(encoding="utf-8")
+    try:
+        parsed = orjson.loads(source)
+    except orjson.JSONDecodeError as exc:
+        print(f"conclave verify: {args.checks} is not JSON: {exc}", file=sys.stderr)
+        return 2
+    tool_args = parsed if isinstance(parsed, dict) else {"checks": parsed}
+    return _run_tool(args, "verify", tool_args, failed=lambda result: not result["passed"])
+
+
+def _run_tool(
+    args: argparse.Namespace, name: str, tool_args: dict[str, Any], failed: Callable[[dict[str, Any]], bool]
+) -> int:
+    """Run one tool; exit 0 on success, 1 on a refusal or failed checks, 2 on bad arguments."""
+    config = _load(args)
+
+    async def run() -> dict[str, Any]:
+        async with open_runtime(config) as runtime:
+            return await runtime.call_tool(name, tool_args)
+
+    try:
+        result = anyio.run(run)
+    except InvalidArguments as exc:
+        print(f"conclave {name}: invalid arguments at {exc.path}: {exc.message}", file=sys.stderr)
+        return 2
+    except ToolError as exc:
+        print(f"conclave {name}: {exc.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(build_registry().get(name).render(result))
+    return 1 if failed(result) else 0
 
 
 def cmd_sim(args: argparse.Namespace) -> int:

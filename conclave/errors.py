@@ -13,7 +13,10 @@
     │   ├── BreakerOpen              the provider is failing: fail fast until the cooldown ends
     │   └── DeadlineExceeded         the call's deadline ran out before an answer
     ├── ToolError                    the model: fed back to it as a refusal or error result
+    │   └── ToolRefused              a policy said no (fetch_blocked, egress budget, ...)
     └── CallerError                  the caller: invalid params, budgets exceeded
+        ├── InvalidArguments         failed its input schema; carries the failing JSON path
+        └── UnknownTool
 
 Foreign exceptions (httpx, aiohttp, json) are translated into this tree in exactly one
 place, the provider layer (`conclave.providers.client`), always `raise ... from exc`.
@@ -116,12 +119,48 @@ class DeadlineExceeded(ProviderError):
 
 
 class ToolError(ConclaveError):
-    """A tool failed in a way the calling model should see and can react to."""
+    """A tool failed in a way the calling model should see and can react to.
+
+    `reason` is machine-readable (SPEC §6 vocabulary, e.g. `private_address`); the message
+    is for people and models.
+    """
 
     code = "tool_error"
+
+    def __init__(self, message: str, *, reason: str = "tool_error", tool: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.tool = tool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "message": self.message}
+
+
+class ToolRefused(ToolError):
+    """A policy refused the call before (or instead of) doing anything."""
+
+    code = "tool_refused"
 
 
 class CallerError(ConclaveError):
     """The caller asked for something invalid or over budget."""
 
     code = "invalid_params"
+
+
+class InvalidArguments(CallerError):
+    """Arguments failed their input schema: the validator's message and the failing path."""
+
+    def __init__(self, message: str, *, path: str, tool: str = "") -> None:
+        super().__init__(f"{path}: {message}" if path != "$" else message)
+        self.message = message
+        self.path = path
+        self.tool = tool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "path": self.path}
+
+
+class UnknownTool(CallerError):
+    code = "unknown_tool"

@@ -7,8 +7,13 @@ while httpx's API over aiohttp stays near the raw-aiohttp limit.
 
 from __future__ import annotations
 
+from typing import Literal
+
+import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+
+TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
 
 
 def make_http_client(
@@ -27,3 +32,21 @@ def make_http_client(
         trust_env=False,
         follow_redirects=False,
     )
+
+
+def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:
+    """What really happened under an httpx transport error.
+
+    httpx-aiohttp files refused and dropped connections under `ConnectTimeout`, so the
+    aiohttp exception it chains is consulted first.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        return "connection_error"
+    if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError):
+        return "connection_dropped"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return "connection_dropped"
+    return "connection_error"

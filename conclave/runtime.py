@@ -1,11 +1,12 @@
-"""Wiring: the shared HTTP client, the event log and the provider pool, opened and closed
-together. The CLI and the server open one Runtime per process; tests open their own."""
+"""Wiring: the shared HTTP client, the event log, the provider pool and the tools, opened and
+closed together. The CLI and the server open one Runtime per process; tests open their own."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -13,6 +14,7 @@ from conclave.config import Config
 from conclave.http import make_http_client
 from conclave.providers import ProviderPool
 from conclave.telemetry import Telemetry
+from conclave.tools import ToolContext, ToolRegistry, build_registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +23,18 @@ class Runtime:
     http: httpx.AsyncClient
     telemetry: Telemetry
     providers: ProviderPool
+    tools: ToolRegistry
+    tool_context: ToolContext
+
+    async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return await self.tools.call(name, args, self.tool_context)
 
 
 @contextlib.asynccontextmanager
 async def open_runtime(
-    config: Config, *, transport: httpx.AsyncBaseTransport | None = None
+    config: Config, *, transport: httpx.AsyncBaseTransport | None = None, **tool_options: Any
 ) -> AsyncIterator[Runtime]:
+    """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`)."""
     telemetry = Telemetry(
         config.telemetry.path,
         include_content=config.telemetry.include_content,
@@ -35,6 +43,13 @@ async def open_runtime(
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
     try:
         async with http:
-            yield Runtime(config, http, telemetry, ProviderPool(config, http=http, telemetry=telemetry))
+            yield Runtime(
+                config=config,
+                http=http,
+                telemetry=telemetry,
+                providers=ProviderPool(config, http=http, telemetry=telemetry),
+                tools=build_registry(),
+                tool_context=ToolContext(config, http, telemetry, **tool_options),
+            )
     finally:
         telemetry.close()

@@ -122,3 +122,44 @@ def test_every_command_takes_config(tmp_path: Path) -> None:
     result = conclave("providers", "--config", str(tmp_path / "missing.yaml"), cwd=tmp_path)
     assert result.returncode == 2
     assert "missing.yaml" in result.stderr
+
+
+def test_verify_prints_each_check_and_exits_non_zero_when_one_fails(tmp_path: Path) -> None:
+    checks = [
+        {"type": "math", "expression": "6*7", "expected": 42},
+        {"type": "contains", "text": "hello world", "substring": "planet"},
+    ]
+    (tmp_path / "checks.json").write_text(json.dumps(checks))
+    result = conclave("verify", "--checks", "checks.json", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "✓ [0] math" in result.stdout
+    assert "✗ [1] contains" in result.stdout
+
+
+def test_verify_reads_stdin_and_prints_json(tmp_path: Path) -> None:
+    payload = json.dumps({"checks": [{"type": "regex", "pattern": "^a+$", "text": "aaa"}]})
+    result = subprocess.run(
+        [sys.executable, "-m", "conclave", "verify", "--checks", "-", "--json"],
+        cwd=tmp_path,
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["passed"] is True
+
+
+def test_verify_with_bad_arguments_names_the_path(tmp_path: Path) -> None:
+    (tmp_path / "checks.json").write_text(json.dumps([{"type": "math"}]))
+    result = conclave("verify", "--checks", "checks.json", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "$.checks[0]" in result.stderr
+
+
+def test_fetch_refusal_prints_the_reason_and_exits_1(tmp_path: Path) -> None:
+    result = conclave("fetch", "http://169.254.169.254/latest/meta-data/", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "metadata_address" in result.stderr
+    assert result.stdout == ""

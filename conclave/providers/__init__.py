@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 import anyio
 import httpx
 
+from conclave.breaker import BreakerState, CircuitBreaker
 from conclave.config import Config
 from conclave.errors import ConfigError
 from conclave.providers.anthropic import AnthropicAdapter
 from conclave.providers.base import Adapter
-from conclave.providers.breaker import BreakerState, CircuitBreaker
 from conclave.providers.client import Clock, ProviderClient, Sleep
 from conclave.providers.gemini import GeminiAdapter
 from conclave.providers.openai import OpenAIAdapter

@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
 import anyio
 import httpx
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, stop_never
 
+from conclave.breaker import CircuitBreaker
 from conclave.config import ProviderConfig, RetryPolicy
 from conclave.errors import (
     DeadlineExceeded,
@@ -27,9 +27,9 @@ from conclave.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
+from conclave.http import classify_transport_error
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, ParsedCompletion, WireRequest, status_error
-from conclave.providers.breaker import CircuitBreaker
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.telemetry import Telemetry
@@ -136,22 +136,12 @@ class ProviderClient:
                 headers=dict(wire.headers),
                 timeout=httpx.Timeout(seconds, connect=min(seconds, 10.0)),
             )
-        except httpx.TimeoutException as exc:
-            # httpx-aiohttp files refused and dropped connections under ConnectTimeout too.
-            cause = exc.__cause__
-            if isinstance(cause, aiohttp.ClientConnectorError):
-                raise self._unreachable(exc, "connection_error") from exc
-            if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
-                cause, aiohttp.ServerTimeoutError
-            ):
-                raise self._unreachable(exc, "connection_dropped") from exc
-            raise ProviderTimeout(
-                f"timed out: {self._scrub(str(exc)) or type(exc).__name__}", provider=self.name
-            ) from exc
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise self._unreachable(exc, "connection_dropped") from exc
         except httpx.HTTPError as exc:
-            raise self._unreachable(exc, "connection_error") from exc
+            failure = classify_transport_error(exc)
+            if failure == "timeout":
+                detail = self._scrub(str(exc)) or type(exc).__name__
+                raise ProviderTimeout(f"timed out: {detail}", provider=self.name) from exc
+            raise self._unreachable(exc, failure) from exc
         return response.status_code, response.headers, response.content
 
     def _unreachable(self, exc: Exception, code: str) -> ProviderUnreachable:

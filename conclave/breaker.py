@@ -1,5 +1,6 @@
-"""A per-provider circuit breaker: closed -> open after N consecutive failures ->
-half_open after a cooldown (one trial call) -> closed on success, open again on failure."""
+"""A circuit breaker, one per provider and one per fetched host: closed -> open after N
+consecutive failures -> half_open after a cooldown (one trial call) -> closed on success,
+open again on failure."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ class CircuitBreaker:
         self,
         name: str,
         *,
+        subject: str = "provider",
         failure_threshold: int,
         cooldown_seconds: float,
         clock: Clock,
         on_change: Listener | None = None,
     ) -> None:
         self.name = name
+        self.subject = subject
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self._clock = clock
@@ -50,7 +53,7 @@ class CircuitBreaker:
             return
         remaining = max(self._cooldown - (self._clock() - self._opened_at), 0.0)
         raise BreakerOpen(
-            f"provider {self.name!r} is failing: circuit breaker open after "
+            f"{self.subject} {self.name!r} is failing: circuit breaker open after "
             f"{self._failures} consecutive failures; next trial in {remaining:.1f}s",
             provider=self.name,
             retry_after=remaining,

@@ -1,0 +1,60 @@
+"""What tool handlers are handed: the config, the shared HTTP client, the event log, and the
+state that outlives one call (egress budgets per session, breakers per fetched host)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+import httpx
+
+from conclave.breaker import CircuitBreaker
+from conclave.budgets import EgressLedger
+from conclave.config import Config
+from conclave.telemetry import Telemetry
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
+Clock = Callable[[], float]
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """Every address the system resolver gives for `host` (resolved in a worker thread)."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[IPAddress] = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+@dataclass(slots=True)
+class ToolContext:
+    config: Config
+    http: httpx.AsyncClient
+    telemetry: Telemetry
+    resolver: Resolver = system_resolver
+    clock: Clock = anyio.current_time
+    egress: EgressLedger = field(init=False)
+    _host_breakers: dict[str, CircuitBreaker] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        policy = self.config.fetch
+        self.egress = EgressLedger(policy.session_max_bytes, policy.session_max_requests)
+
+    def host_breaker(self, host: str) -> CircuitBreaker:
+        breaker = self._host_breakers.get(host)
+        if breaker is None:
+            breakers = self.config.breakers
+            breaker = self._host_breakers[host] = CircuitBreaker(
+                host,
+                subject="host",
+                failure_threshold=breakers.failure_threshold,
+                cooldown_seconds=breakers.cooldown_seconds,
+                clock=self.clock,
+            )
+        return breaker
