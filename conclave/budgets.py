@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
 from conclave.errors import ToolRefused
 
@@ -65,3 +66,112 @@ class EgressLedger:
         else:
             self._budgets.move_to_end(session_id)
         return budget
+
+
+class HopBudgetExhausted(ToolRefused):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="hop_budget_exhausted")
+
+
+@dataclass(slots=True)
+class HopBudget:
+    """Tool calls per worker turn: every tag spends one, executed or refused."""
+
+    limit: int
+    used: int = 0
+
+    def check_tool_call(self) -> None:
+        """Spend one hop, or refuse when the turn has had its `limit` calls already."""
+        self.used += 1
+        if self.used > self.limit:
+            raise HopBudgetExhausted(
+                f"hop budget exhausted: this is tool call {self.used} and the limit is {self.limit} "
+                "per turn; answer now with what you have"
+            )
+
+
+class CostCapExceeded(ToolRefused):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="cost_cap_exceeded")
+
+
+COST_CAP_MODES = ("warn", "enforce", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class CostCap:
+    """A resolved cap: `cap_usd` None means no cap (a cap <= 0 disables it)."""
+
+    NONE: ClassVar[CostCap]
+
+    cap_usd: float | None
+    mode: str
+
+    @property
+    def active(self) -> bool:
+        return self.cap_usd is not None and self.mode != "off"
+
+    @classmethod
+    def resolve(
+        cls, cap_usd: float | None, mode: str | None, *, default_cap: float, default_mode: str
+    ) -> CostCap:
+        """The call's arguments over config; an unknown mode is `warn` (SPEC §4)."""
+        cap = default_cap if cap_usd is None else cap_usd
+        chosen = (mode or default_mode).lower()
+        if chosen not in COST_CAP_MODES:
+            chosen = "warn"
+        return cls(cap_usd=cap if cap > 0 else None, mode=chosen)
+
+
+CostCap.NONE = CostCap(None, "off")
+
+
+@dataclass(slots=True)
+class CostMeter:
+    """Observed cost of one worker turn against its cap. Unknown prices are tracked, never
+    counted as zero, so a cap that cannot be enforced says so."""
+
+    cap: CostCap
+    observed_usd: float = 0.0
+    unpriced_calls: int = 0
+    exceeded: bool = False
+    blocked: bool = False
+
+    def add(self, cost_usd: float | None) -> bool:
+        """Record one model call; True the first time the cap is exceeded."""
+        if cost_usd is None:
+            self.unpriced_calls += 1
+        else:
+            self.observed_usd += cost_usd
+        newly = self.cap.active and not self.exceeded and self.observed_usd > (self.cap.cap_usd or 0.0)
+        self.exceeded = self.exceeded or newly
+        return newly
+
+    def check_tool_call(self) -> None:
+        """Enforce mode refuses a tool call once the observed cost is over the cap."""
+        if self.cap.active and self.cap.mode == "enforce" and self.exceeded:
+            self.blocked = True
+            raise CostCapExceeded(
+                f"cost cap exceeded: observed ${self.observed_usd:.6f} is over the cap of "
+                f"${self.cap.cap_usd:.6f} for this turn; answer now with what you have"
+            )
+
+    @property
+    def enforceable(self) -> bool:
+        return self.unpriced_calls == 0
+
+    def block(self) -> dict[str, object] | None:
+        """The `cost_cap` block of SPEC §4, or None when there is no active cap."""
+        if not self.cap.active:
+            return None
+        block: dict[str, object] = {
+            "cap_usd": self.cap.cap_usd,
+            "mode": self.cap.mode,
+            "observed_usd": round(self.observed_usd, 10),
+            "exceeded": self.exceeded,
+            "blocked": self.blocked,
+            "enforceable": self.enforceable,
+        }
+        if not self.enforceable:
+            block["note"] = "price unknown for this provider: the cap cannot be enforced on its calls"
+        return block

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant"]
 
@@ -88,3 +88,12 @@ class Completion:
             "attempts": self.attempts,
             "warnings": list(self.warnings),
         }
+
+
+class Completer(Protocol):
+    """Anything that answers a CompletionRequest: a ProviderClient, or a scripted fake."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion: ...

@@ -1,0 +1,43 @@
+"""The system-prompt hint a worker gets when tools are on. The wording is data
+(`conclave/prompts/worker_tools.txt`); this module fills it in from the tool registry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import orjson
+
+from conclave.tools import ToolRegistry
+
+_PROMPT = Path(__file__).resolve().parent.parent / "prompts" / "worker_tools.txt"
+
+
+@cache
+def _template() -> Template:
+    return Template(_PROMPT.read_text(encoding="utf-8"))
+
+
+def tool_hint(registry: ToolRegistry, tools: Sequence[str], *, hop_budget: int, canary: str) -> str:
+    lines = [_describe(registry, name) for name in tools]
+    return _template().substitute(hop_budget=hop_budget, canary=canary, tools="\n".join(lines)).strip()
+
+
+def with_hint(system: str | None, hint: str) -> str:
+    return f"{system}\n\n{hint}" if system else hint
+
+
+def _describe(registry: ToolRegistry, name: str) -> str:
+    tool = registry.get(name)
+    schema = _model_facing(tool.input_schema)
+    return f"- {name}: {tool.description}\n  input schema: {orjson.dumps(schema).decode()}"
+
+
+def _model_facing(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema without the fields the server fills in (session_id) or that only document it."""
+    properties = {k: v for k, v in schema.get("properties", {}).items() if k != "session_id"}
+    slim = {k: v for k, v in schema.items() if k not in ("$schema", "$id", "title", "description")}
+    return {**slim, "properties": properties}
