@@ -15,6 +15,7 @@ from conclave.http import make_http_client
 from conclave.providers import ProviderPool
 from conclave.telemetry import Telemetry
 from conclave.tools import ToolContext, ToolRegistry, build_registry
+from conclave.worker.loop import WorkerLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class Runtime:
     providers: ProviderPool
     tools: ToolRegistry
     tool_context: ToolContext
+    worker: WorkerLoop
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         return await self.tools.call(name, args, self.tool_context)
@@ -43,13 +45,21 @@ async def open_runtime(
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
     try:
         async with http:
+            tools = build_registry()
+            tool_context = ToolContext(config, http, telemetry, **tool_options)
             yield Runtime(
                 config=config,
                 http=http,
                 telemetry=telemetry,
                 providers=ProviderPool(config, http=http, telemetry=telemetry),
-                tools=build_registry(),
-                tool_context=ToolContext(config, http, telemetry, **tool_options),
+                tools=tools,
+                tool_context=tool_context,
+                worker=WorkerLoop(
+                    registry=tools,
+                    tool_context=tool_context,
+                    telemetry=telemetry,
+                    settings=config.worker_tools,
+                ),
             )
     finally:
         telemetry.close()

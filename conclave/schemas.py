@@ -64,3 +64,12 @@ def first_error(relative: str, instance: Any) -> jsonschema.ValidationError | No
         return None
     best: jsonschema.ValidationError | None = jsonschema.exceptions.best_match(errors)
     return best
+
+
+def check_arguments(relative: str, instance: Any, *, tool: str = "") -> None:
+    """Raise InvalidArguments (validator message + failing JSON path) unless `instance` is valid."""
+    from conclave.errors import InvalidArguments
+
+    error = first_error(relative, instance)
+    if error is not None:
+        raise InvalidArguments(error.message, path=json_path(error), tool=tool)

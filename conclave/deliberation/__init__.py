@@ -1,0 +1,1 @@
+"""Deliberation: confer and coordinate."""
