@@ -76,6 +76,11 @@ class Answer:
     cost_cap: dict[str, object] | None = None
     role: str | None = None
     exchanges: list[dict[str, Any]] = field(default_factory=list)
+    envelope: dict[str, Any] | None = None  # coordinate's role answers only
+    attempts: int = 0
+    round: int | None = None
+    fallback_from: dict[str, Any] | None = None
+    fallbacks_tried: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -98,6 +103,20 @@ class Answer:
             out["inner_tool_calls"] = list(self.inner_tool_calls)
             if self.cost_cap is not None:
                 out["cost_cap"] = self.cost_cap
+        return out
+
+    def to_role_dict(self, *, tools_on: bool) -> dict[str, Any]:
+        """A coordinate role answer: the envelope, and the raw text only when it was invalid."""
+        out = self.to_dict(tools_on=tools_on and self.role != "synthesizer")
+        out.update(role=self.role, envelope=self.envelope, attempts=self.attempts)
+        if self.status != "invalid_envelope":
+            out["text"] = None
+        if self.round is not None:
+            out["round"] = self.round
+        if self.fallback_from is not None:
+            out["fallback_from"] = self.fallback_from
+        if self.fallbacks_tried:
+            out["fallbacks_tried"] = list(self.fallbacks_tried)
         return out
 
     def reason(self) -> dict[str, Any]:

@@ -1,0 +1,305 @@
+"""The role envelopes of `coordinate` (SPEC §3): proposer, critics, synthesizer.
+
+Each role answers with ONE JSON object valid against `schemas/roles/<role>.json`. The wording of every
+prompt is data (`conclave/prompts/roles/*.txt`, filled with `string.Template`); this module embeds the
+schemas, puts every piece of untrusted text (task, context, proposals, critiques) in a fenced JSON block
+so none of it can pass for instructions, and parses a reply into its envelope: tolerant about where the
+object sits in the reply, strict about the object itself (strict JSON, then the schema).
+
+No prompt here mentions tools: the tool hint is added by the worker for the proposer and the critics
+only, and the synthesizer never gets one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from string import Template
+from typing import Any, Literal, NoReturn, get_args
+
+from conclave.schemas import first_error, json_path, load_schema
+
+Role = Literal["proposer", "critic", "synthesizer"]
+ROLES: tuple[Role, ...] = get_args(Role)
+
+MAX_REPLY_CHARS = 200_000  # a longer reply is refused before any parsing
+MAX_SCAN_ATTEMPTS = 256  # "{" positions tried when the object is embedded in prose
+MAX_SCAN_CHARS = 1_000_000  # characters the failed attempts among those may read, all together
+MAX_CANDIDATES = 8  # objects (fenced or embedded) validated before giving up
+MAX_ERROR_CHARS = 500  # a validator message quotes the instance; keep it short
+
+_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "roles"
+# Markdown fence with `json` or no language; the body is decoded whole or not at all.
+_FENCE = re.compile(r"```(?:json)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# Line breaks json.dumps(ensure_ascii=False) leaves raw; escaped so a string can never start a line
+# (and so never close the fence it sits in).
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+
+
+class _EnvelopeError(Exception):
+    """A reply that cannot hold an envelope; the message is the error handed back to the role."""
+
+
+# ---------------------------------------------------------------- prompts
+
+
+@cache
+def _template(name: str) -> Template:
+    return Template((_PROMPTS / f"{name}.txt").read_text(encoding="utf-8"))
+
+
+def _fill(name: str, **values: str) -> str:
+    return _template(name).substitute(values).strip()
+
+
+def _schema_name(role: Role) -> str:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {list(ROLES)}")
+    return f"roles/{role}.json"
+
+
+def _dumps(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, indent=2, default=_plain)
+    return text.translate(_LINE_BREAKS)
+
+
+def _plain(value: Any) -> Any:
+    """json.dumps fallback for the read-only containers a caller may pass (MappingProxy, tuples...)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return list(value)
+    return str(value)
+
+
+def _fenced(value: Any) -> str:
+    return f"```json\n{_dumps(value)}\n```"
+
+
+def _task_block(task: str, context: str | None) -> str:
+    data = {"task": task} if not context else {"task": task, "context": context}
+    return _fenced(data)
+
+
+def _critiques(critiques: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each critique as {"critic", "envelope"} plus "error" when there is no envelope; nothing else."""
+    shaped: list[dict[str, Any]] = []
+    for critique in critiques:
+        item: dict[str, Any] = {"critic": critique.get("critic"), "envelope": critique.get("envelope")}
+        if item["envelope"] is None or critique.get("error") is not None:
+            item["error"] = critique.get("error") or "no valid review"
+        shaped.append(item)
+    return shaped
+
+
+def role_system(role: Role) -> str:
+    """The role's system prompt, its envelope schema embedded (without `$schema` and `$id`)."""
+    return _role_system(role)
+
+
+@cache  # kept apart from role_system so that callers still see its typed signature
+def _role_system(role: Role) -> str:
+    schema = {k: v for k, v in load_schema(_schema_name(role)).items() if k not in ("$schema", "$id")}
+    envelope = _fill("envelope", role=role, schema=_dumps(schema))
+    return _fill(role, envelope=envelope)
+
+
+def proposer_prompt(
+    task: str,
+    context: str | None,
+    *,
+    previous: Mapping[str, Any] | None = None,
+    critiques: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """Round 1 (no `previous`): the task. Later rounds: the task, the previous proposal envelope and the
+    critiques of it, asking for a complete revised proposal with `revision_notes`."""
+    task_block = _task_block(task, context)
+    if previous is None:
+        return _fill("proposer.user", task=task_block)
+    return _fill(
+        "proposer_revision.user",
+        task=task_block,
+        proposal=_fenced(previous),
+        critiques=_fenced(_critiques(critiques)),
+    )
+
+
+def critic_prompt(task: str, context: str | None, proposal: Mapping[str, Any], *, round_number: int) -> str:
+    """The task and the proposal only: a critic never sees another critic's review."""
+    if round_number < 1:
+        raise ValueError(f"round_number must be 1 or more, not {round_number}")
+    return _fill(
+        "critic.user",
+        round_number=str(round_number),
+        task=_task_block(task, context),
+        proposal=_fenced(proposal),
+    )
+
+
+def synthesizer_prompt(
+    task: str,
+    context: str | None,
+    proposal: Mapping[str, Any] | None,
+    critiques: Sequence[Mapping[str, Any]],
+) -> str:
+    """The task, the final proposal (or a note that the proposer failed) and every final-round critique."""
+    return _fill(
+        "synthesizer.user",
+        task=_task_block(task, context),
+        proposal=_fill("no_proposal") if proposal is None else _fenced(proposal),
+        critiques=_fenced(_critiques(critiques)),
+    )
+
+
+def reprompt(role: Role, error: str) -> str:
+    """The single re-prompt after an invalid reply, quoting the validator's error (as a JSON string)."""
+    _schema_name(role)
+    return _fill("reprompt", role=role, error=_fenced(_clip(error, 4 * MAX_ERROR_CHARS)))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_envelope(role: Role, text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(envelope, None) for a valid reply, else (None, error). The object is looked for as the whole
+    reply, else in ```json (or bare ```) fenced blocks, else embedded in prose; the first candidate the
+    schema accepts wins, and when none does, the error is the first candidate's. Duplicate keys,
+    NaN/Infinity and over-deep nesting fail the reply outright: nothing is repaired."""
+    schema = _schema_name(role)
+    if len(text) > MAX_REPLY_CHARS:
+        return None, f"reply too long: {len(text)} characters (limit {MAX_REPLY_CHARS})"
+    try:
+        candidates = _candidates(text)
+    except _EnvelopeError as exc:
+        return None, str(exc)
+    first: str | None = None
+    for candidate in candidates:
+        error = first_error(schema, candidate)
+        if error is None:
+            return candidate, None
+        first = first or f"{json_path(error)}: {_clip(error.message, MAX_ERROR_CHARS)}"
+    return None, first
+
+
+def _candidates(text: str) -> list[dict[str, Any]]:
+    """The objects to validate, from the first stage that finds any: whole reply, fences, prose."""
+    syntax: list[str] = []  # the first JSON syntax error met, to explain "no JSON object found"
+    whole = _decode_whole(text.removeprefix("\ufeff").strip())
+    if whole is not None:
+        return [_require_object(whole[0], "the reply")]
+    fenced = [_require_object(value, "a fenced JSON block") for value in _fenced_values(text, syntax)]
+    if fenced:
+        return fenced[:MAX_CANDIDATES]
+    embedded = _embedded_objects(text, syntax)
+    if embedded:
+        return embedded
+    detail = f" (invalid JSON: {syntax[0]})" if syntax else ""
+    raise _EnvelopeError(f"no JSON object found{detail}")
+
+
+def _decode_whole(text: str, syntax: list[str] | None = None) -> tuple[Any] | None:
+    """(value,) when `text` is exactly one JSON value, else None (the syntax error noted in `syntax`)."""
+    if not text:
+        return None
+    try:
+        value, end = _decode_at(text, 0)
+    except json.JSONDecodeError as exc:
+        if syntax is not None:
+            _note(syntax, exc)
+        return None
+    if end != len(text):
+        return None
+    return (value,)
+
+
+def _fenced_values(text: str, syntax: list[str]) -> list[Any]:
+    values: list[Any] = []
+    for match in _FENCE.finditer(text):
+        whole = _decode_whole(match.group(1).strip(), syntax)
+        if whole is not None:
+            values.append(whole[0])
+            if len(values) >= MAX_CANDIDATES:
+                break
+    return values
+
+
+def _embedded_objects(text: str, syntax: list[str]) -> list[dict[str, Any]]:
+    """Balanced objects in prose, in order. After an object, the scan resumes past its end, so the
+    objects nested inside one are never candidates of their own."""
+    found: list[dict[str, Any]] = []
+    pos = text.find("{")
+    budget = MAX_SCAN_CHARS
+    for _ in range(MAX_SCAN_ATTEMPTS):
+        if pos < 0 or budget <= 0 or len(found) >= MAX_CANDIDATES:
+            break
+        try:
+            value, end = _decode_at(text, pos)
+        except json.JSONDecodeError as exc:
+            _note(syntax, exc)
+            budget -= exc.pos - pos + 1
+            pos = text.find("{", pos + 1)
+            continue
+        found.append(value)  # it starts with "{", so it is a dict
+        pos = text.find("{", end)
+    return found
+
+
+def _require_object(value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    kind = "null" if value is None else _JSON_KINDS.get(type(value), "not an object")
+    raise _EnvelopeError(f"{where} is {kind}, not a JSON object: reply with one JSON object")
+
+
+def _note(syntax: list[str], exc: json.JSONDecodeError) -> None:
+    if not syntax:
+        syntax.append(f"{exc.msg} at char {exc.pos}")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+# Strict decoding: Python's default keeps the last of duplicate keys and accepts NaN/Infinity (and turns
+# 1e999 into inf); all of those fail the reply instead.
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _EnvelopeError(f"duplicate key {_clip(json.dumps(key), 80)} in JSON object")
+        obj[key] = value
+    return obj
+
+
+def _constant(token: str) -> NoReturn:
+    raise _EnvelopeError(f"{token} is not valid JSON: numbers must be finite")
+
+
+def _float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise _EnvelopeError(f"number {_clip(token, 40)} is out of range: numbers must be finite")
+    return value
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+
+
+def _decode_at(text: str, pos: int) -> tuple[Any, int]:
+    """Decode one JSON value at `pos`. JSON syntax errors propagate (the caller may look elsewhere);
+    strictness failures become _EnvelopeError (the reply is refused)."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise _EnvelopeError("JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's digit limit
+        raise _EnvelopeError(f"invalid JSON number: {_clip(str(exc), 120)}") from None
