@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import anyio
 import orjson
@@ -16,18 +17,13 @@ from conclave import __version__
 from conclave.config import Config, load_config
 from conclave.doctor import ProviderCheck, check_providers, providers_in_use
 from conclave.errors import ConfigError, InvalidArguments, ToolError
+from conclave.render import LiveProgress, Tool, deliberate, progress_for, render, wants_colour
 from conclave.runtime import Runtime, open_runtime
+from conclave.schemas import check_arguments
 from conclave.simulated import simulated_config
 from conclave.tools import build_registry
 
-# Commands the SPEC names that later issues build; each says so instead of pretending.
-PLANNED = {
-    "serve": ("run the JSON-RPC / MCP server (stdio; --http HOST:PORT)", "F5"),
-    "confer": ("ask every provider in the panel the same question, in parallel", "F4/F5"),
-    "coordinate": ("run a proposer -> critics -> synthesizer debate", "F4/F5"),
-    "tail": ("follow the event log with filters", "F5"),
-    "demo": ("run confer and coordinate end to end against the simulated panel", "F5"),
-}
+DEFAULT_HTTP_PORT = 8765
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,19 +100,105 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--latency-ms", type=float, default=0.0)
     sim.set_defaults(handler=cmd_sim)
 
-    for name, (summary, issue) in PLANNED.items():
-        planned = sub.add_parser(name, parents=[common], help=f"{summary} [not built yet]")
-        planned.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        planned.set_defaults(handler=_not_built(name, issue))
+    _add_confer(sub, common)
+    _add_coordinate(sub, common)
+    _add_tail(sub, common)
+    _add_serve(sub, common)
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="run confer and coordinate with worker tools end to end against the simulated panel",
+    )
+    demo.add_argument(
+        "--latency-ms", type=float, default=250.0, help="simulated model latency (default: 250)"
+    )
+    demo.set_defaults(handler=cmd_demo)
     return parser
 
 
-def _not_built(name: str, issue: str) -> Callable[[argparse.Namespace], int]:
-    def handler(_args: argparse.Namespace) -> int:
-        print(f"conclave {name}: not implemented yet (planned in issue {issue})", file=sys.stderr)
-        return 2
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-    return handler
+
+def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    confer = sub.add_parser(
+        "confer", parents=[common], help="ask every provider in the panel the same question, in parallel"
+    )
+    confer.add_argument("question")
+    confer.add_argument("--providers", metavar="A,B", help="providers to ask (default: the panel)")
+    confer.add_argument("--system", metavar="TEXT", help="system prompt for every panel member")
+    _add_call_options(confer)
+    confer.set_defaults(handler=cmd_confer)
+
+
+def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    coordinate = sub.add_parser(
+        "coordinate", parents=[common], help="run a proposer -> critics -> synthesizer debate"
+    )
+    coordinate.add_argument("task")
+    coordinate.add_argument("--proposer", metavar="NAME", help="default: roles.proposer")
+    coordinate.add_argument("--critics", metavar="A,B", help="default: roles.critics")
+    coordinate.add_argument("--synthesizer", metavar="NAME", help="default: roles.synthesizer")
+    coordinate.add_argument("--rounds", type=int, metavar="N", help="1-3 (default 1)")
+    _add_call_options(coordinate)
+    coordinate.set_defaults(handler=cmd_coordinate)
+
+
+def _add_call_options(parser: argparse.ArgumentParser) -> None:
+    """The options confer and coordinate share; each maps to one tool argument."""
+    parser.add_argument("--context", metavar="TEXT", help="background material sent with the question")
+    parser.add_argument("--worker-tools", metavar="fetch,verify", help="tools members may call mid-answer")
+    parser.add_argument("--cost-cap", type=float, metavar="USD", help="worker tool cost cap per turn")
+    parser.add_argument("--cost-cap-mode", choices=("warn", "enforce", "off"))
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the whole call")
+    parser.add_argument("--max-tokens", type=int, metavar="N", help="per model call")
+    parser.add_argument("--temperature", type=float, metavar="T")
+    parser.add_argument("--session", metavar="ID", help="session id (default: generated)")
+    parser.add_argument("--dry-run", action="store_true", help="call nothing; print the plan and cost bound")
+    parser.add_argument("--json", action="store_true", help="print the structured result only")
+
+
+def _add_tail(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    tail = sub.add_parser("tail", parents=[common], help="show and follow the event log, with filters")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing events as they are appended")
+    tail.add_argument(
+        "--session", metavar="ID", help="only these sessions (ids or prefixes, comma-separated)"
+    )
+    tail.add_argument("--event", metavar="NAME", help="only these events (comma-separated)")
+    tail.add_argument("--provider", metavar="NAME", help="only these providers (comma-separated)")
+    tail.add_argument("--json", action="store_true", help="print the raw ndjson lines")
+    tail.add_argument(
+        "-n",
+        "--lines",
+        type=_line_count,
+        default=20,
+        metavar="N|all",
+        help="past events to show (default 20)",
+    )
+    tail.set_defaults(handler=cmd_tail)
+
+
+def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser(
+        "serve", parents=[common], help="run the MCP / JSON-RPC server (stdio; --http HOST:PORT)"
+    )
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve MCP Streamable HTTP on /mcp and JSON-RPC on /rpc instead of stdio (e.g. 127.0.0.1:8765)",
+    )
+    serve.set_defaults(handler=cmd_serve)
+
+
+def _line_count(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'all', got {value!r}")
+    return count
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -280,6 +362,159 @@ def cmd_sim(args: argparse.Namespace) -> int:
         ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
     )
     return status
+
+
+# ---------------------------------------------------------------- confer and coordinate
+
+
+def cmd_confer(args: argparse.Namespace) -> int:
+    tool_args: dict[str, Any] = {"question": args.question}
+    if args.providers is not None:
+        tool_args["providers"] = _names(args.providers)
+    if args.system is not None:
+        tool_args["system"] = args.system
+    return _deliberation(args, "confer", {**tool_args, **_call_args(args)})
+
+
+def cmd_coordinate(args: argparse.Namespace) -> int:
+    tool_args: dict[str, Any] = {"task": args.task}
+    for key in ("proposer", "synthesizer", "rounds"):
+        if getattr(args, key) is not None:
+            tool_args[key] = getattr(args, key)
+    if args.critics is not None:
+        tool_args["critics"] = _names(args.critics)
+    return _deliberation(args, "coordinate", {**tool_args, **_call_args(args)})
+
+
+# CLI option -> tool argument, for the options both commands share.
+_CALL_OPTIONS = {
+    "context": "context",
+    "cost_cap": "worker_tool_cost_cap_usd",
+    "cost_cap_mode": "worker_tool_cost_cap_mode",
+    "timeout": "timeout_seconds",
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "session": "session_id",
+}
+
+
+def _call_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Only what the user gave: absent options fall back to the config inside the tool."""
+    out = {
+        name: getattr(args, option)
+        for option, name in _CALL_OPTIONS.items()
+        if getattr(args, option) is not None
+    }
+    if args.worker_tools is not None:
+        out["worker_tools"] = _names(args.worker_tools)
+    if args.dry_run:
+        out["dry_run"] = True
+    return out
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _deliberation(args: argparse.Namespace, tool: Tool, tool_args: dict[str, Any]) -> int:
+    """Exit 0 when complete, 1 when degraded, 2 on invalid arguments (config errors: see main)."""
+    config = _load(args)
+    try:
+        # Checked here too so that bad arguments fail before any progress display or runtime.
+        check_arguments(f"{tool}.input.json", tool_args, tool=tool)
+    except InvalidArguments as exc:
+        message = " ".join(exc.message.split())
+        print(f"conclave {tool}: invalid arguments at {exc.path}: {message}", file=sys.stderr)
+        return 2
+    progress = progress_for(tool, tool_args, config, sys.stderr)
+    result = anyio.run(_run_deliberation, config, tool, tool_args, progress)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(render(tool, result, colour=wants_colour(sys.stdout)))
+    return 1 if result.get("degraded") else 0
+
+
+async def _run_deliberation(
+    config: Config, tool: Tool, tool_args: dict[str, Any], progress: LiveProgress | None
+) -> dict[str, Any]:
+    async with open_runtime(config) as runtime:
+        return await deliberate(runtime, tool, tool_args, progress)
+
+
+# ---------------------------------------------------------------- tail, serve, demo
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from conclave.tail import Filters, TailOptions, run_tail
+
+    config = _load(args)
+    options = TailOptions(
+        filters=Filters.parse(args.session, args.event, args.provider),
+        json=args.json,
+        lines=args.lines,
+        follow=args.follow,
+        colour=wants_colour(sys.stdout),
+    )
+    return run_tail(Path(config.telemetry.path), options, sys.stdout, sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """stdout is the JSON-RPC wire: this command itself only ever writes to stderr."""
+    from conclave import server
+
+    config = _load(args)
+    if args.http is None:
+        _serve_until_interrupted(server.serve_stdio, config)
+        return 0
+    try:
+        host, port = parse_bind(args.http)
+    except ValueError as exc:
+        print(f"conclave serve: --http {args.http!r}: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(host):
+        print(
+            f"conclave serve: WARNING: --http binds to {host}, which is reachable from other machines; "
+            "anyone who can connect can spend your provider keys. Prefer 127.0.0.1.",
+            file=sys.stderr,
+        )
+    _serve_until_interrupted(server.serve_http, config, host, port)
+    return 0
+
+
+def _serve_until_interrupted(function: Callable[..., Awaitable[None]], *args: Any) -> None:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a server is stopped
+        anyio.run(function, *args)
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT`, `HOST` or `:PORT` into (host, port); loopback and 8765 by default."""
+    host, port = value, str(DEFAULT_HTTP_PORT)
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError("write an IPv6 address as [ADDRESS]:PORT")
+        port = rest[1:] or port
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from conclave.demo import main as demo_main
+
+    return demo_main(_load(args), latency_ms=args.latency_ms, out=sys.stdout, err=sys.stderr)
 
 
 def _print_table(rows: list[list[str]]) -> None:

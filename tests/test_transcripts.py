@@ -39,8 +39,9 @@ def test_a_crash_mid_rewrite_keeps_the_previous_version_whole(tmp_path: Path) ->
 
 def test_transcripts_are_redacted_of_secrets(tmp_path: Path) -> None:
     secret = "sk-transcript-secret-123456789"
-    path = write_transcript(tmp_path, "s-1", "confer", {"arguments": {"question": f"my key is {secret}"}},
-                            Redactor([secret]))
+    path = write_transcript(
+        tmp_path, "s-1", "confer", {"arguments": {"question": f"my key is {secret}"}}, Redactor([secret])
+    )
     assert path.name.startswith("s-1-confer-")
     assert secret not in path.read_text()
     assert "[REDACTED]" in path.read_text()

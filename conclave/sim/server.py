@@ -78,6 +78,7 @@ class SimPanel:
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self.received: list[ReceivedRequest] = []
+        self.aborted: list[str] = []  # models whose caller hung up while the panel was "thinking"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,6 +137,7 @@ class SimPanel:
         self._calls.clear()
         self._seq = 0
         self.received.clear()
+        self.aborted.clear()
 
     def calls(self, model: str) -> int:
         """How many valid API calls `model` got (each one consumed a step of its script)."""
@@ -174,8 +176,9 @@ class SimPanel:
         scenario = self._scenarios.get(parsed.model)
         reply = choose_reply(scenario, call, parsed.last_text) or _DEFAULT_REPLY
         delay_ms = resolve_latency_ms(reply, scenario, self._latency_ms)
-        if delay_ms > 0:
-            await asyncio.sleep(delay_ms / 1000)
+        if delay_ms > 0 and not await _wait_while_connected(request, delay_ms / 1000):
+            self.aborted.append(parsed.model)  # the client gave up (a cancelled call, a deadline)
+            return web.Response(status=499)
         if reply.status != 200 and reply.fault is None:
             spec = wire.ErrorSpec(
                 reply.status,
@@ -257,6 +260,18 @@ def _answer_text(
     if cap is not None and wire.estimate_output_tokens(text) > cap:
         return text[: max(cap, 0) * 4], "length"
     return text, reply.finish_reason
+
+
+async def _wait_while_connected(request: web.Request, seconds: float) -> bool:
+    """Sleep `seconds` in short slices; False as soon as the client has hung up."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while (left := until - loop.time()) > 0:
+        await asyncio.sleep(min(left, 0.05))
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return False
+    return True
 
 
 async def _success_response(

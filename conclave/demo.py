@@ -1,0 +1,301 @@
+"""`conclave demo`: `confer` and `coordinate` with worker tools, end to end, against the built-in
+SIMULATED panel, so a new user sees the whole thing work with no API key and no network.
+
+Everything real runs: the provider adapters over loopback HTTP, the worker tool loop, the SSRF-guarded
+`fetch` (reaching a tiny local page, allowed through `fetch.allow_private`), `verify`, role envelopes,
+telemetry and transcripts. Only the models are fake: each simulated member is scripted below with
+`Rule`s keyed on what its last message contains, so the same script serves every call it gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+from aiohttp import web
+
+from conclave.config import Config
+from conclave.render import Tool, deliberate, progress_for, render, wants_colour
+from conclave.runtime import Runtime, open_runtime
+from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.simulated import SIMULATED_MEMBERS, simulated_config
+from conclave.tail import Filters, backlog, format_event
+
+FETCHER, CHECKER, PLAIN = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
+TAIL_EVENTS = 14
+LIGHTHOUSE_PAGE = """<!doctype html>
+<html><head><title>Exampleville lighthouse</title></head>
+<body><h1>Exampleville lighthouse</h1>
+<p>The Exampleville lighthouse is 47 metres tall. It was first lit in 1893.</p></body></html>
+"""
+
+# Phrases that appear only in one role's prompt (conclave/prompts/roles/*.user.txt), so one scripted
+# model can answer as critic and as synthesizer. The tool result marker opens every fed-back result.
+TOOL_RESULT = "<tool_result"
+PROPOSER_ASK = "Write your proposal for this task"
+CRITIC_ASK = "Review this proposal on your own"
+SYNTHESIZER_ASK = "Write the final answer to the task"
+
+COORDINATE_TASK = (
+    "Choose an eviction policy for an in-process cache of up to 10,000 API responses "
+    "(about 2 KiB each) in a web service."
+)
+
+
+def _model(member: str) -> str:
+    return SIMULATED_MEMBERS[member][1]
+
+
+def _tag(name: str, args: Mapping[str, Any]) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'args': args})}</tool_call>"
+
+
+def _reply(payload: Mapping[str, Any] | str) -> Reply:
+    return Reply(text=payload if isinstance(payload, str) else json.dumps(payload))
+
+
+# ---------------------------------------------------------------- the scripts
+
+
+def fetcher_script(page_url: str) -> Scenario:
+    """sim-openai: in confer, fetches the page, then answers from it; in coordinate, proposes."""
+    proposal = {
+        "proposal": "Use LRU eviction with a 10-minute TTL, capped at 10,000 entries (about 20 MB).",
+        "rationale": "Recent responses are the likeliest to be asked again; the TTL bounds staleness.",
+        "assumptions": ["Responses may be up to 10 minutes stale."],
+        "confidence": 0.75,
+    }
+    return Scenario(
+        replies=(_reply(_tag("fetch", {"url": page_url})),),
+        rules=(
+            Rule(
+                TOOL_RESULT, _reply("The Exampleville page I fetched says the lighthouse is 47 metres tall.")
+            ),
+            Rule(PROPOSER_ASK, _reply(proposal)),
+        ),
+    )
+
+
+def checker_script() -> Scenario:
+    """sim-anthropic: in confer, checks the arithmetic with verify; in coordinate, critic and synthesizer."""
+    check = {"checks": [{"type": "math", "expression": "17 * 23", "expected": 391}]}
+    critique = {
+        "verdict": "revise",
+        "issues": [
+            {
+                "severity": "major",
+                "description": "A fixed TTL evicts hot entries that are still valid.",
+                "suggestion": "Refresh the TTL on hits, or invalidate on writes instead.",
+            },
+            {"severity": "minor", "description": "The memory estimate ignores per-entry overhead."},
+        ],
+        "summary": "Sound choice; the TTL policy needs a second look.",
+        "confidence": 0.7,
+    }
+    synthesis = {
+        "answer": "Use LRU eviction capped at 10,000 entries, invalidated on writes, with a 10-minute TTL "
+        "as a safety net for missed invalidations. Budget about 25 MB including per-entry overhead.",
+        "resolved": ["TTL vs invalidation: invalidate on writes, keep the TTL only as a safety net."],
+        "dissent": ["sim-gemini would accept the plain TTL; sim-anthropic prefers write invalidation."],
+        "confidence": 0.8,
+        "rationale": "Keeps the proposal's LRU core and takes up the critic's major issue.",
+    }
+    return Scenario(
+        replies=(_reply(_tag("verify", check)),),
+        rules=(
+            Rule(TOOL_RESULT, _reply("17 × 23 = 391 is right: I checked it with the verify tool.")),
+            Rule(SYNTHESIZER_ASK, _reply(synthesis)),
+            Rule(CRITIC_ASK, _reply(critique)),
+        ),
+    )
+
+
+def plain_script() -> Scenario:
+    """sim-gemini: in confer, answers without tools; in coordinate, checks the memory estimate with
+    verify, then reviews."""
+    check = {"checks": [{"type": "math", "expression": "10000 * 2048", "expected": 20480000}]}
+    critique = {
+        "verdict": "accept",
+        "issues": [{"severity": "minor", "description": "Say how the cache behaves on a cold start."}],
+        "summary": "Checked: 10,000 entries of 2 KiB are 20,480,000 bytes, so the 20 MB estimate holds.",
+        "confidence": 0.85,
+    }
+    answer = "I cannot open pages, so I cannot confirm the height; 17 × 23 is 391 by hand."
+    return Scenario(
+        replies=(_reply(answer),),
+        rules=(Rule(TOOL_RESULT, _reply(critique)), Rule(CRITIC_ASK, _reply(_tag("verify", check)))),
+    )
+
+
+def script_panel(panel: SimPanel, page_url: str) -> None:
+    panel.set_scenario(_model(FETCHER), fetcher_script(page_url))
+    panel.set_scenario(_model(CHECKER), checker_script())
+    panel.set_scenario(_model(PLAIN), plain_script())
+
+
+# ---------------------------------------------------------------- the run
+
+
+@contextlib.asynccontextmanager
+async def page_server() -> AsyncIterator[int]:
+    """A one-page web site on an ephemeral loopback port, for `fetch` to reach; yields the port."""
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text=LIGHTHOUSE_PAGE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/lighthouse", page)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+def demo_config(base: Config, panel: SimPanel, page_port: int) -> Config:
+    """The simulated members, plus a fetch policy that lets them reach the local page (and nothing
+    else private: only 127.0.0.1 and only the page's port are added)."""
+    urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
+    config = simulated_config(base, urls)
+    policy = config.fetch
+    fetch = dataclasses.replace(
+        policy,
+        allow_hosts=(*policy.allow_hosts, "127.0.0.1"),
+        allow_private=(*policy.allow_private, "127.0.0.1/32"),
+        allow_ports=(*policy.allow_ports, page_port),
+    )
+    return dataclasses.replace(config, fetch=fetch)
+
+
+@dataclasses.dataclass
+class DemoRun:
+    config: Config
+    page_url: str
+    confer: dict[str, Any]
+    coordinate: dict[str, Any]
+
+    @property
+    def sessions(self) -> tuple[str, str]:
+        return self.confer["session_id"], self.coordinate["session_id"]
+
+
+async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) -> DemoRun:
+    """Both calls through the real stack; `progress` (a terminal) shows them live."""
+    tag = uuid.uuid4().hex[:6]  # short: `tail` shows session ids of up to 20 characters whole
+    async with SimPanel(latency_ms=latency_ms) as panel, page_server() as page_port:
+        page_url = f"http://127.0.0.1:{page_port}/lighthouse"
+        script_panel(panel, page_url)
+        config = demo_config(base, panel, page_port)
+        async with open_runtime(config) as runtime:
+            confer_args = _confer_args(page_url, f"demo-confer-{tag}")
+            conferred = await _call(runtime, "confer", confer_args, progress)
+            debated = await _call(runtime, "coordinate", _coordinate_args(f"demo-coord-{tag}"), progress)
+    return DemoRun(config, page_url, conferred, debated)
+
+
+def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
+    question = f"How tall is the Exampleville lighthouse? Its page is {page_url}. And is 17 × 23 = 391?"
+    return {"question": question, "worker_tools": ["fetch", "verify"], "session_id": session_id}
+
+
+def _coordinate_args(session_id: str) -> dict[str, Any]:
+    return {"task": COORDINATE_TASK, "worker_tools": ["fetch", "verify"], "session_id": session_id}
+
+
+async def _call(runtime: Runtime, tool: Tool, args: dict[str, Any], stream: TextIO | None) -> dict[str, Any]:
+    live = progress_for(tool, args, runtime.config, stream) if stream is not None else None
+    return await deliberate(runtime, tool, args, live)
+
+
+# ---------------------------------------------------------------- checking and showing it
+
+
+def problems(run: DemoRun) -> list[str]:
+    """What did not work as scripted; empty when the demo shows what it promises."""
+    found = [f"confer is degraded: {run.confer['degraded_reasons']}"] if run.confer["degraded"] else []
+    if run.coordinate["degraded"]:
+        found.append(f"coordinate is degraded: {run.coordinate['degraded_reasons']}")
+    answers = {a["provider"]: a for a in run.confer["answers"]}
+    found += _tool_problem(answers.get(FETCHER), "fetch") + _tool_problem(answers.get(CHECKER), "verify")
+    critics = {c["provider"]: c for c in run.coordinate["critiques"]}
+    found += _tool_problem(critics.get(PLAIN), "verify")
+    if not (run.coordinate.get("synthesis") or {}).get("envelope"):
+        found.append("coordinate has no synthesis")
+    return found
+
+
+def _tool_problem(answer: Mapping[str, Any] | None, tool: str) -> list[str]:
+    calls = (answer or {}).get("inner_tool_calls") or []
+    if any(c["name"] == tool and c["status"] == "ok" for c in calls):
+        return []
+    who = (answer or {}).get("provider", "?")
+    return [f"{who} did not use {tool} successfully (tool calls: {calls})"]
+
+
+def report(run: DemoRun, out: TextIO, colour: bool) -> int:
+    """Print the whole story; 0 when everything worked, 1 otherwise."""
+    confer_id, coordinate_id = run.sessions
+    _section(out, "1/2  confer: three members in parallel, with the worker tools fetch and verify")
+    print(render("confer", run.confer, colour=colour), file=out)
+    _section(out, "2/2  coordinate: proposer -> critics (with tools) -> synthesizer")
+    print(render("coordinate", run.coordinate, colour=colour), file=out)
+    _section(out, f"telemetry: the last events of these two sessions, from {run.config.telemetry.path}")
+    _print_events(Path(run.config.telemetry.path), run.sessions, out, colour)
+    print(f"\nsessions: confer {confer_id}  coordinate {coordinate_id}", file=out)
+    print(f"  see every event of one:  conclave tail --session {confer_id} --lines all", file=out)
+    print(f"  transcripts are under {run.config.transcripts.dir}/", file=out)
+    return _verdict(problems(run), out)
+
+
+def _section(out: TextIO, title: str) -> None:
+    print(f"\n{'=' * 100}\n{title}\n{'=' * 100}", file=out)
+
+
+def _print_events(path: Path, sessions: Sequence[str], out: TextIO, colour: bool) -> None:
+    if not path.exists():
+        print("(no event log: telemetry.path points nowhere writable?)", file=out)
+        return
+    events, _ = backlog(path, Filters(sessions=tuple(sessions)), TAIL_EVENTS)
+    for _raw, event in events:
+        print(format_event(event, colour), file=out)
+
+
+def _verdict(found: list[str], out: TextIO) -> int:
+    print(f"\n{SIMULATED_NOTE}\n{REAL_KEYS}", file=out)
+    if found:
+        print("\ndemo: FAILED", file=out)
+        for problem in found:
+            print(f"  - {problem}", file=out)
+        return 1
+    print("\ndemo: ok - confer and coordinate ran end to end against the simulated panel", file=out)
+    return 0
+
+
+SIMULATED_BANNER = (
+    "Conclave demo - SIMULATED PANEL. Three scripted models (sim-openai, sim-anthropic, sim-gemini) answer\n"
+    "from a local loopback server: no real provider is called and no API key is needed. Everything\n"
+    "else is real: the adapters, the worker tool loop, fetch and verify, telemetry and transcripts."
+)
+SIMULATED_NOTE = "Every answer above came from the simulated panel (scripted in conclave/demo.py)."
+REAL_KEYS = (
+    "To ask real models:\n"
+    "  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=... GEMINI_API_KEY=...   # or put them in ./.env\n"
+    "  conclave doctor                   # checks the config and the keys, one tiny call each\n"
+    '  conclave confer "your question"   # or: conclave coordinate "your task"'
+)
+
+
+def main(base: Config, *, latency_ms: float, out: TextIO, err: TextIO) -> int:
+    """The `conclave demo` command (the CLI parses arguments and loads `base`)."""
+    print(SIMULATED_BANNER, file=out, flush=True)
+    run = anyio.run(functools.partial(run_demo, base, latency_ms=latency_ms, progress=err))
+    return report(run, out, wants_colour(out))

@@ -1,0 +1,19 @@
+"""The JSON-RPC 2.0 / MCP server: framing, dispatch, the tool surface, stdio and HTTP transports."""
+
+from __future__ import annotations
+
+from conclave.config import Config
+
+
+async def serve_stdio(config: Config) -> None:
+    """Serve MCP and plain JSON-RPC on stdin/stdout until stdin closes."""
+    from conclave.server.stdio import run_stdio
+
+    await run_stdio(config)
+
+
+async def serve_http(config: Config, host: str, port: int) -> None:
+    """Serve MCP Streamable HTTP on /mcp and plain JSON-RPC on POST /rpc until cancelled."""
+    from conclave.server.http import run_http
+
+    await run_http(config, host, port)

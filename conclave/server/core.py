@@ -1,0 +1,206 @@
+"""The server: MCP (revision 2025-11-25 and the older ones clients still send) and plain
+JSON-RPC methods over one tool surface. Transports hand it one decoded message at a time."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import orjson
+
+from conclave import __version__
+from conclave.errors import ConfigError, InvalidArguments, ToolError
+from conclave.runtime import Runtime
+from conclave.server.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    Invalid,
+    Request,
+    RequestId,
+    RpcError,
+    classify,
+    error_response,
+    response,
+    to_rpc_error,
+)
+from conclave.server.surface import ServerTool, server_tools
+
+SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+PLAIN_METHODS = frozenset({"confer", "coordinate", "fetch", "verify", "list_providers"})
+INSTRUCTIONS = (
+    "Conclave asks several LLMs at once. Use `confer` to get every panel member's answer to one question, "
+    "`coordinate` for a proposer/critics/synthesizer debate, `fetch` and `verify` for evidence and checks, "
+    "`list_providers` to see who is configured. Results carry per-provider status, usage and cost; "
+    "`degraded: true` means some answer is missing."
+)
+
+Send = Callable[[Any], Awaitable[None]]
+
+
+class Server:
+    def __init__(self, runtime: Runtime, *, page_size: int = 50) -> None:
+        self.runtime = runtime
+        self.tools: dict[str, ServerTool] = server_tools(runtime)
+        self.page_size = page_size
+        self.protocol_version: str | None = None
+        self._in_flight: dict[RequestId, anyio.CancelScope] = {}
+
+    async def handle_message(self, message: Any, send: Send) -> Any:
+        """One decoded message (object or batch); returns what to send back, or None."""
+        if isinstance(message, list):
+            return await self._batch(message, send)
+        return await self._one(message, send)
+
+    async def _batch(self, messages: list[Any], send: Send) -> list[Any] | dict[str, Any] | None:
+        if not messages:
+            return error_response(None, RpcError(INVALID_REQUEST, "Invalid Request: empty batch"))
+        replies: list[Any] = [None] * len(messages)
+
+        async def run(index: int, message: Any) -> None:
+            replies[index] = await self._one(message, send)
+
+        async with anyio.create_task_group() as group:
+            for index, message in enumerate(messages):
+                group.start_soon(run, index, message)
+        answered = [r for r in replies if r is not None]
+        return answered or None
+
+    async def _one(self, message: Any, send: Send) -> dict[str, Any] | None:
+        parsed = classify(message)
+        if parsed is None:
+            return None
+        if isinstance(parsed, Invalid):
+            return error_response(parsed.id, parsed.error)
+        if parsed.is_notification:
+            await self._notification(parsed)
+            return None
+        return await self._request(parsed, send)
+
+    async def _request(self, request: Request, send: Send) -> dict[str, Any] | None:
+        scope = anyio.CancelScope()
+        self._in_flight[request.id] = scope
+        try:
+            with scope:
+                return response(request.id, await self._dispatch(request, send))
+            return None  # cancelled by notifications/cancelled: no reply, ever
+        except Exception as exc:
+            return error_response(
+                request.id, to_rpc_error(exc, method=request.method, telemetry=self.runtime.telemetry)
+            )
+        finally:
+            self._in_flight.pop(request.id, None)
+
+    async def _notification(self, note: Request) -> None:
+        if note.method == "notifications/cancelled" and isinstance(note.params, dict):
+            scope = self._in_flight.get(note.params.get("requestId"))
+            if scope is not None:
+                scope.cancel()
+        # notifications/initialized and anything else: nothing to answer, ever
+
+    async def _dispatch(self, request: Request, send: Send) -> Any:
+        method = request.method
+        if method == "initialize":
+            return self._initialize(_object_params(request))
+        if method == "ping":
+            return {}
+        if method == "tools/list":
+            return self._list_tools(_object_params(request))
+        if method == "tools/call":
+            return await self._call_tool(_object_params(request), send)
+        if method in PLAIN_METHODS:
+            return await self.tools[method].call(self.runtime, _object_params(request), None)
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        asked = params.get("protocolVersion")
+        self.protocol_version = asked if asked in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[0]
+        return {
+            "protocolVersion": self.protocol_version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "conclave", "title": "Conclave", "version": __version__},
+            "instructions": INSTRUCTIONS,
+        }
+
+    def _list_tools(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        start = _decode_cursor(params.get("cursor"))
+        names = list(self.tools)
+        page = names[start : start + self.page_size]
+        result: dict[str, Any] = {"tools": [self.tools[name].describe() for name in page]}
+        if start + self.page_size < len(names):
+            result["nextCursor"] = _encode_cursor(start + self.page_size)
+        return result
+
+    async def _call_tool(self, params: Mapping[str, Any], send: Send) -> dict[str, Any]:
+        name = params.get("name")
+        if not isinstance(name, str) or name not in self.tools:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}; tools: {', '.join(self.tools)}")
+        arguments = params.get("arguments") if params.get("arguments") is not None else {}
+        if not isinstance(arguments, dict):
+            raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
+        tool = self.tools[name]
+        try:
+            result = await tool.call(self.runtime, arguments, self._progress_sink(params, send))
+        except InvalidArguments as exc:
+            return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
+        except (ToolError, ConfigError) as exc:
+            return _tool_error(str(exc))
+        return {
+            "content": [{"type": "text", "text": tool.render(result)}],
+            "structuredContent": result,
+            "isError": False,
+        }
+
+    def _progress_sink(
+        self, params: Mapping[str, Any], send: Send
+    ) -> Callable[[Mapping[str, Any]], Awaitable[None]] | None:
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if not isinstance(token, str | int) or isinstance(token, bool):
+            return None
+        count = 0
+
+        async def progress(step: Mapping[str, Any]) -> None:
+            nonlocal count
+            count += 1
+            who = step.get("role") or "answer"
+            note: dict[str, Any] = {
+                "progressToken": token,
+                "progress": count,
+                "message": f"{who} {step.get('provider')}: {step.get('status')}",
+            }
+            if step.get("total"):
+                note["total"] = step["total"]
+            await send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
+
+        return progress
+
+
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+def _object_params(request: Request) -> dict[str, Any]:
+    if request.params is None:
+        return {}
+    if isinstance(request.params, dict):
+        return request.params
+    raise RpcError(INVALID_PARAMS, f"Invalid params: {request.method} takes named parameters (an object)")
+
+
+def _encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps({"offset": offset})).decode()
+
+
+def _decode_cursor(cursor: Any) -> int:
+    if cursor is None:
+        return 0
+    try:
+        offset = orjson.loads(base64.urlsafe_b64decode(str(cursor).encode()))["offset"]
+    except (ValueError, TypeError, KeyError, orjson.JSONDecodeError):
+        raise RpcError(INVALID_PARAMS, "Invalid params: unknown cursor") from None
+    if not isinstance(offset, int) or offset < 0:
+        raise RpcError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    return offset

@@ -1,0 +1,126 @@
+"""HTTP transport: MCP Streamable HTTP on `/mcp` (POST; a JSON reply, or an SSE stream when the
+caller asked for progress and accepts it; 202 for notifications) and plain JSON-RPC on
+`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import orjson
+from aiohttp import web
+
+from conclave.config import Config
+from conclave.runtime import Runtime, open_runtime
+from conclave.server.core import SUPPORTED_VERSIONS, Server
+from conclave.server.jsonrpc import INVALID_REQUEST, PARSE_ERROR, RpcError, decode, error_response
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+async def run_http(config: Config, host: str, port: int) -> None:
+    async with open_runtime(config) as runtime:
+        runner = web.AppRunner(build_app(runtime, bound_host=host), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            await runner.cleanup()
+
+
+def build_app(runtime: Runtime, *, bound_host: str = "127.0.0.1") -> web.Application:
+    server = Server(runtime)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    allowed = LOOPBACK_HOSTS | {bound_host.lower()}
+
+    async def mcp(request: web.Request) -> web.StreamResponse:
+        if (refusal := _check_origin(request, allowed)) is not None:
+            return refusal
+        version = request.headers.get("mcp-protocol-version")
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            return _json(
+                error_response(
+                    None, RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {version}")
+                ),
+                status=400,
+            )
+        return await _exchange(server, request, notifications_status=202)
+
+    async def rpc(request: web.Request) -> web.StreamResponse:
+        if (refusal := _check_origin(request, allowed)) is not None:
+            return refusal
+        return await _exchange(server, request, notifications_status=204)
+
+    async def not_allowed(_request: web.Request) -> web.Response:
+        return web.Response(status=405, headers={"allow": "POST"})
+
+    app.router.add_post("/mcp", mcp)
+    app.router.add_route("*", "/mcp", not_allowed)
+    app.router.add_post("/rpc", rpc)
+    return app
+
+
+def _check_origin(request: web.Request, allowed: frozenset[str]) -> web.Response | None:
+    """DNS-rebinding defence: a browser page from another origin must not reach a local server."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    host = (urlsplit(origin).hostname or "").lower()
+    if host in allowed or f"[{host}]" in allowed:
+        return None
+    return _json(
+        error_response(None, RpcError(INVALID_REQUEST, f"Origin {origin} is not allowed")), status=403
+    )
+
+
+async def _exchange(server: Server, request: web.Request, *, notifications_status: int) -> web.StreamResponse:
+    try:
+        message = decode(await request.read())
+    except RpcError as error:
+        return _json(error_response(None, error), status=400)
+    except web.HTTPRequestEntityTooLarge:
+        return _json(error_response(None, RpcError(PARSE_ERROR, "Parse error: body too large")), status=413)
+    if _wants_stream(request, message):
+        return await _stream(server, request, message)
+    reply = await server.handle_message(message, _drop)
+    if reply is None:
+        return web.Response(status=notifications_status)
+    return _json(reply)
+
+
+async def _drop(_message: Any) -> None:
+    """Progress has nowhere to go on a plain JSON reply."""
+
+
+def _wants_stream(request: web.Request, message: Any) -> bool:
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return False
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and "progressToken" in meta
+
+
+async def _stream(server: Server, request: web.Request, message: Any) -> web.StreamResponse:
+    """SSE: progress notifications as they happen, then the response, then the stream ends."""
+    stream = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+    await stream.prepare(request)
+
+    async def send(note: Any) -> None:
+        await stream.write(b"event: message\ndata: " + orjson.dumps(note) + b"\n\n")
+
+    reply = await server.handle_message(message, send)
+    if reply is not None:
+        await send(reply)
+    await stream.write_eof()
+    return stream
+
+
+def _json(body: Any, *, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")

@@ -1,0 +1,386 @@
+"""`conclave confer`, `coordinate` and `serve` as a user runs them: a subprocess against the simulated
+panel (itself a subprocess, `python -m conclave.sim --port 0`), scripted through its HTTP control API."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from conclave.cli import is_loopback, parse_bind
+from conclave.render import LiveProgress, render_confer
+from conclave.schemas import first_error
+
+PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+PROPOSAL = {"proposal": "Use a write-through cache.", "rationale": "Reads dominate.", "confidence": 0.7}
+CRITIQUE = {"verdict": "revise", "issues": [{"severity": "major", "description": "No eviction policy."}]}
+SYNTHESIS = {
+    "answer": "Use a write-through cache with LRU eviction.",
+    "confidence": 0.8,
+    "resolved": ["eviction: LRU"],
+    "dissent": [],
+}
+
+
+def conclave(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "conclave", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class Panel:
+    """The simulated panel subprocess, scripted over its control API."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+        self.root = urls["openai"].removesuffix("/openai/v1")
+
+    def script(self, model: str, scenario: dict[str, Any]) -> None:
+        response = httpx.put(f"{self.root}/_sim/scenarios/{model}", json=scenario)
+        assert response.status_code == 200, response.text
+
+    def calls(self) -> dict[str, int]:
+        calls: dict[str, int] = httpx.get(f"{self.root}/_sim/calls").json()
+        return calls
+
+
+@pytest.fixture(scope="module")
+def sim_urls() -> Iterator[dict[str, str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conclave.sim", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        urls = dict(process.stdout.readline().split() for _ in range(3))
+        yield urls
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def panel(sim_urls: dict[str, str]) -> Panel:
+    sim = Panel(sim_urls)
+    httpx.post(f"{sim.root}/_sim/reset").raise_for_status()
+    return sim
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, panel: Panel) -> Path:
+    """A directory whose config.yaml points three members (one per wire kind) at the panel."""
+    providers = {
+        "alpha": {"kind": "openai", "model": "m-alpha", "base_url": panel.urls["openai"], "price": PRICE},
+        "beta": {"kind": "anthropic", "model": "m-beta", "base_url": panel.urls["anthropic"], "price": PRICE},
+        "gamma": {"kind": "gemini", "model": "m-gamma", "base_url": panel.urls["gemini"], "price": PRICE},
+    }
+    config = {
+        "providers": providers,
+        "panel": ["alpha", "beta", "gamma"],
+        "roles": {"proposer": "alpha", "critics": ["beta", "gamma"], "synthesizer": "beta"},
+        "limits": {"timeout_seconds": 30, "retry": {"max_attempts": 1}},
+        "telemetry": {"path": "events.ndjson"},
+        "transcripts": {"dir": "transcripts"},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return tmp_path
+
+
+def script_debate(panel: Panel) -> None:
+    panel.script("m-alpha", {"replies": [{"text": json.dumps(PROPOSAL)}]})
+    panel.script(
+        "m-beta",
+        {
+            "rules": [
+                {"contains": "Write the final answer to the task", "reply": {"text": json.dumps(SYNTHESIS)}},
+                {"contains": "Review this proposal", "reply": {"text": json.dumps(CRITIQUE)}},
+            ]
+        },
+    )
+    panel.script("m-gamma", {"replies": [{"text": json.dumps({"verdict": "accept", "issues": []})}]})
+
+
+# ---------------------------------------------------------------- confer
+
+
+def test_confer_json_against_the_simulated_panel_is_valid_and_exits_0(workdir: Path) -> None:
+    result = conclave("confer", "Which queue should we use?", "--json", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert first_error("confer.output.json", output) is None
+    assert [a["provider"] for a in output["answers"]] == ["alpha", "beta", "gamma"]
+    assert all(a["status"] == "ok" for a in output["answers"])
+    assert output["degraded"] is False
+    assert result.stderr == "", "no progress or chatter when stderr is not a terminal"
+
+
+def test_confer_readable_output_shows_every_provider_its_text_and_the_totals(workdir: Path) -> None:
+    result = conclave("confer", "Which queue should we use?", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    for name, model in (("alpha", "m-alpha"), ("beta", "m-beta"), ("gamma", "m-gamma")):
+        assert f"━━ {name} · {model} · ok" in result.stdout
+        assert f"[simulated {model}]" in result.stdout
+    assert "totals: 3 answers, 3 ok" in result.stdout
+    assert "\x1b[" not in result.stdout, "no colour when stdout is not a terminal"
+
+
+def test_a_degraded_confer_exits_1_and_names_the_failing_provider(workdir: Path, panel: Panel) -> None:
+    panel.script("m-gamma", {"replies": [{"status": 500, "error_message": "the simulated server broke"}]})
+    result = conclave("confer", "Which queue should we use?", cwd=workdir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("DEGRADED")
+    assert "✗ gamma: error, server_error" in lines[2]
+    assert "the simulated server broke" in result.stdout
+    assert "result: DEGRADED (gamma: error, server_error)" in result.stdout
+
+
+def test_a_degraded_confer_json_says_degraded_and_exits_1(workdir: Path, panel: Panel) -> None:
+    panel.script("m-beta", {"replies": [{"status": 500}]})
+    result = conclave("confer", "q", "--json", cwd=workdir)
+    assert result.returncode == 1
+    output = json.loads(result.stdout)
+    assert first_error("confer.output.json", output) is None
+    assert output["degraded_reasons"] == [
+        {"provider": "beta", "role": None, "status": "error", "code": "server_error"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "path"),
+    [
+        (["--timeout", "-5"], "$.timeout_seconds"),
+        (["--providers", ","], "$.providers"),
+        (["--max-tokens", "0"], "$.max_tokens"),
+        (["--session", "bad id!"], "$.session_id"),
+    ],
+)
+def test_confer_with_invalid_arguments_exits_2_naming_the_path(
+    workdir: Path, panel: Panel, flags: list[str], path: str
+) -> None:
+    result = conclave("confer", "q", *flags, cwd=workdir)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"conclave confer: invalid arguments at {path}:")
+    assert result.stdout == ""
+    assert panel.calls() == {}, "nothing is called when the arguments are invalid"
+
+
+def test_confer_passes_every_option_through(workdir: Path, panel: Panel) -> None:
+    panel.script("m-alpha", {"replies": [{"text": "ok"}]})
+    result = conclave(
+        "confer",
+        "q",
+        "--providers",
+        "alpha",
+        "--context",
+        "CTX-MARK",
+        "--system",
+        "SYS-MARK",
+        "--worker-tools",
+        "verify,bogus",
+        "--cost-cap",
+        "0.5",
+        "--cost-cap-mode",
+        "enforce",
+        "--timeout",
+        "20",
+        "--max-tokens",
+        "77",
+        "--session",
+        "cli-session-1",
+        "--json",
+        cwd=workdir,
+    )
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["session_id"] == "cli-session-1"
+    assert [a["provider"] for a in output["answers"]] == ["alpha"]
+    assert output["worker_tools"]["accepted"] == ["verify"]
+    assert output["worker_tools"]["rejected"] == ["bogus"]
+    assert output["worker_tools"]["cost_cap"]["mode"] == "enforce"
+    body = httpx.get(f"{panel.root}/_sim/requests").json()[-1]["body"]
+    assert body["max_tokens"] == 77 or body.get("max_completion_tokens") == 77
+    sent = json.dumps(body)
+    assert "CTX-MARK" in sent and "SYS-MARK" in sent
+
+
+def test_confer_readable_output_shows_tool_use_and_the_worker_tools_block(
+    workdir: Path, panel: Panel
+) -> None:
+    tag = '<tool_call>{"name": "verify", "args": {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}}</tool_call>'
+    panel.script(
+        "m-alpha",
+        {"replies": [{"text": tag}], "rules": [{"contains": "<tool_result", "reply": {"text": "It is 42."}}]},
+    )
+    result = conclave("confer", "q", "--providers", "alpha", "--worker-tools", "verify,bogus", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "It is 42." in result.stdout
+    assert "tools used: hop 1 verify ok" in result.stdout
+    assert "worker tools: accepted verify · rejected bogus · hop budget 2" in result.stdout
+
+
+def test_confer_dry_run_prints_the_plan_and_calls_nothing(workdir: Path, panel: Panel) -> None:
+    result = conclave("confer", "q", "--dry-run", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "DRY RUN" in result.stdout
+    assert "alpha (m-alpha)" in result.stdout and "at most 3 model calls" in result.stdout
+    assert panel.calls() == {}
+
+
+def test_a_config_error_exits_2_with_one_line(workdir: Path) -> None:
+    (workdir / "config.yaml").write_text("panel: [nobody]\n", encoding="utf-8")
+    result = conclave("confer", "q", cwd=workdir)
+    assert result.returncode == 2
+    assert result.stderr.startswith("conclave: config:") and result.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------- coordinate
+
+
+def test_coordinate_json_is_valid_against_the_schema(workdir: Path, panel: Panel) -> None:
+    script_debate(panel)
+    result = conclave("coordinate", "Design the cache layer.", "--json", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert first_error("coordinate.output.json", output) is None
+    assert output["synthesis"]["envelope"] == SYNTHESIS
+    assert [c["provider"] for c in output["critiques"]] == ["beta", "gamma"]
+
+
+def test_coordinate_readable_output_shows_the_debate_and_the_synthesis_answer(
+    workdir: Path, panel: Panel
+) -> None:
+    script_debate(panel)
+    result = conclave("coordinate", "Design the cache layer.", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "═══ Round 1" in out and "Proposal by alpha" in out and "Use a write-through cache." in out
+    assert "Critique by beta" in out and "verdict: REVISE" in out and "[major] No eviction policy." in out
+    assert "Critique by gamma" in out and "verdict: ACCEPT" in out
+    assert "Synthesized by beta" in out and str(SYNTHESIS["answer"]) in out
+    assert "eviction: LRU" in out and "confidence: 0.80" in out
+    assert "per role:" in out and "synthesizer: 1 call" in out
+
+
+def test_coordinate_names_the_synthesizer_that_stood_in(workdir: Path, panel: Panel) -> None:
+    script_debate(panel)
+    result = conclave("coordinate", "t", "--synthesizer", "gamma", cwd=workdir)
+    # gamma answers every call with a critique: not a synthesis, so a fallback synthesizes
+    assert "stood in for gamma (synthesizer): invalid_envelope" in result.stdout, result.stdout
+
+
+def test_coordinate_that_loses_its_proposer_exits_1(workdir: Path, panel: Panel) -> None:
+    script_debate(panel)
+    panel.script("m-alpha", {"replies": [{"status": 500}]})
+    result = conclave("coordinate", "t", cwd=workdir)
+    assert result.returncode == 1
+    assert "DEGRADED" in result.stdout and "alpha (proposer): error, server_error" in result.stdout
+
+
+def test_coordinate_with_invalid_rounds_exits_2_naming_the_path(workdir: Path) -> None:
+    result = conclave("coordinate", "t", "--rounds", "9", cwd=workdir)
+    assert result.returncode == 2
+    assert "invalid arguments at $.rounds" in result.stderr
+
+
+# ---------------------------------------------------------------- progress and serve
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_progress_redraws_each_provider_in_place() -> None:
+    now = [100.0]
+    stream = FakeTerminal()
+    progress = LiveProgress.for_confer(["alpha", "beta"], stream)
+    progress.clock = lambda: now[0]
+    progress.start()
+    progress.draw()
+    now[0] = 101.5
+    progress.record({"provider": "beta", "status": "error"})
+    progress.draw()
+    first, second = stream.getvalue().split("\x1b[F\x1b[K\x1b[F\x1b[K")
+    assert "alpha" in first and "running" in first
+    assert "✗ beta   error      1.5s" in second
+    assert "… alpha  running    1.5s" in second
+
+
+def test_coordinate_progress_moves_through_the_roles_in_order() -> None:
+    progress = LiveProgress.for_coordinate("alpha", ["beta", "gamma"], "beta", 1, FakeTerminal())
+    progress.start()
+    assert [line.split()[0] for line in progress.lines()] == ["…", "·", "·", "·"]
+    progress.record({"role": "proposer", "provider": "alpha", "status": "ok", "round": 1})
+    assert [line.split()[0] for line in progress.lines()] == ["✓", "…", "…", "·"]
+    progress.record({"role": "critic", "provider": "gamma", "status": "ok", "round": 1})
+    progress.record({"role": "critic", "provider": "beta", "status": "ok", "round": 1})
+    progress.record({"role": "synthesizer", "provider": "beta", "status": "error", "round": 1})
+    progress.record({"role": "synthesizer", "provider": "alpha", "status": "ok", "round": 1})
+    lines = progress.lines()
+    assert "synthesizer beta" in lines[3] and "error" in lines[3]
+    assert "synthesizer alpha (fallback)" in lines[4] and "✓" in lines[4]
+
+
+def test_rendering_has_colour_only_when_asked() -> None:
+    result = {
+        "session_id": "s",
+        "degraded": True,
+        "degraded_reasons": [{"provider": "a", "role": None, "status": "timeout", "code": None}],
+        "answers": [],
+        "usage": {},
+        "warnings": [],
+    }
+    assert "\x1b[" in render_confer(result, colour=True)
+    assert "\x1b[" not in render_confer(result, colour=False)
+
+
+def test_serve_help_describes_the_transports(tmp_path: Path) -> None:
+    result = conclave("serve", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "--http HOST:PORT" in result.stdout and "stdio" in result.stdout
+
+
+def test_serve_refuses_a_malformed_bind_address_without_touching_stdout(tmp_path: Path) -> None:
+    result = conclave("serve", "--http", "127.0.0.1:http", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "port must be a number" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "bind"),
+    [
+        ("127.0.0.1:8765", ("127.0.0.1", 8765)),
+        ("[::1]:9000", ("::1", 9000)),
+        (":9000", ("127.0.0.1", 9000)),
+        ("localhost", ("localhost", 8765)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+    ],
+)
+def test_bind_addresses_parse_like_a_user_writes_them(value: str, bind: tuple[str, int]) -> None:
+    assert parse_bind(value) == bind
+
+
+def test_only_loopback_hosts_count_as_local() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")

@@ -1,0 +1,120 @@
+"""`conclave demo` from a fresh directory with no API key: it runs confer and coordinate with worker
+tools end to end against the simulated panel, says so, and leaves events `conclave tail` can show."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conclave.config import load_config
+from conclave.demo import demo_config, problems, run_demo
+from conclave.schemas import first_error
+from conclave.sim import SimPanel
+
+
+def conclave(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "conclave", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    workdir = tmp_path_factory.mktemp("fresh")
+    return workdir, conclave("demo", "--latency-ms", "0", cwd=workdir)
+
+
+def session_ids(stdout: str) -> tuple[str, str]:
+    found = re.search(r"sessions: confer (\S+)  coordinate (\S+)", stdout)
+    assert found, stdout
+    return found[1], found[2]
+
+
+def test_the_demo_exits_0_from_a_fresh_directory_and_says_it_is_simulated(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, result = demo
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SIMULATED PANEL" in result.stdout and "simulated" in result.stdout
+    assert "demo: ok" in result.stdout
+    assert "export OPENAI_API_KEY=" in result.stdout and "conclave doctor" in result.stdout
+
+
+def test_the_demo_shows_both_calls_with_their_tool_use(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, result = demo
+    out = result.stdout
+    assert "tools used: hop 1 fetch ok" in out and "47 metres" in out
+    assert "tools used: hop 1 verify ok" in out
+    assert "═══ Synthesis" in out and "Use LRU eviction capped at 10,000 entries" in out
+    assert "DEGRADED" not in out
+
+
+def test_tail_afterwards_shows_that_runs_events(demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    workdir, result = demo
+    confer_id, coordinate_id = session_ids(result.stdout)
+    tail = conclave("tail", "--session", confer_id, "--lines", "all", cwd=workdir)
+    assert tail.returncode == 0, tail.stderr
+    names = [line.split()[1] for line in tail.stdout.splitlines()]
+    assert names[0] == "session_start" and names[-1] == "session_end"
+    assert {"provider_call", "worker_inner_call", "fetch"} <= set(names)
+    raw = conclave("tail", "--session", coordinate_id, "--json", "--lines", "all", cwd=workdir)
+    events = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert events and {e["session_id"] for e in events} == {coordinate_id}
+
+
+def test_every_event_the_demo_wrote_matches_its_schema(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    workdir, _ = demo
+    lines = (workdir / ".conclave" / "events.ndjson").read_bytes().splitlines()
+    assert lines
+    for line in lines:
+        event = orjson.loads(line)
+        error = first_error(f"events/{event['event']}.json", event)
+        assert error is None, f"{error.message}: {event}"
+    assert list((workdir / ".conclave" / "transcripts").rglob("*.json")), "transcripts are written too"
+
+
+@pytest.mark.anyio
+async def test_the_demo_config_opens_fetch_to_the_page_only(tmp_path: Path) -> None:
+    base = load_config(None, env={"CONCLAVE_TELEMETRY_PATH": str(tmp_path / "e.ndjson")}, dotenv=None)
+    async with SimPanel() as panel:
+        config = demo_config(base, panel, 43210)
+    assert list(config.providers) == ["sim-openai", "sim-anthropic", "sim-gemini"]
+    assert config.fetch.allow_private == ("127.0.0.1/32",)
+    assert config.fetch.allow_ports == (80, 443, 43210)
+
+
+@pytest.mark.anyio
+async def test_the_demo_reports_a_failure_when_a_member_breaks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conclave import demo as demo_module
+    from conclave.sim import Reply, Scenario
+
+    def broken(_url: str) -> Scenario:
+        return Scenario(replies=(Reply(status=400),))
+
+    monkeypatch.setattr(demo_module, "fetcher_script", broken)
+    env = {"CONCLAVE_TELEMETRY_PATH": str(tmp_path / "e.ndjson")}
+    base = load_config(None, overrides=[f"transcripts.dir={tmp_path}/t"], env=env, dotenv=None)
+    run = await run_demo(base, latency_ms=0, progress=None)
+    found = problems(run)
+    assert any("confer is degraded" in p for p in found)
+    assert any("sim-openai did not use fetch" in p for p in found)

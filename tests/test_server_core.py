@@ -1,0 +1,65 @@
+"""The server's dispatch in process: pagination, cancellation bookkeeping, internal errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conclave.config import Config
+from conclave.runtime import open_runtime
+from conclave.server.core import Server
+from tests.support import read_events
+
+pytestmark = pytest.mark.anyio
+
+
+async def nowhere(_message: Any) -> None:
+    pass
+
+
+async def test_tools_list_pages_with_an_opaque_cursor(make_config: Callable[..., Config]) -> None:
+    config = make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+    async with open_runtime(config) as rt:
+        server = Server(rt, page_size=2)
+        names: list[str] = []
+        cursor = None
+        for _ in range(5):
+            params = {"cursor": cursor} if cursor else {}
+            reply = await server.handle_message(
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": params}, nowhere
+            )
+            names += [t["name"] for t in reply["result"]["tools"]]
+            cursor = reply["result"].get("nextCursor")
+            if cursor is None:
+                break
+        bad = await server.handle_message(
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "not-a-cursor"}}, nowhere
+        )
+    assert names == ["confer", "coordinate", "fetch", "verify", "list_providers"]
+    assert bad["error"]["code"] == -32602
+
+
+async def test_an_internal_failure_is_minus_32603_with_an_id_that_finds_the_trace(
+    make_config: Callable[..., Config], events_path: Path
+) -> None:
+    config = make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+    async with open_runtime(config) as rt:
+        server = Server(rt)
+
+        async def broken(*_args: Any) -> dict[str, Any]:
+            raise RuntimeError("kaboom inside")
+
+        tool = server.tools["list_providers"]
+        server.tools["list_providers"] = type(tool)(
+            tool.name, tool.title, tool.description, broken, tool.render
+        )
+        reply = await server.handle_message({"jsonrpc": "2.0", "id": 5, "method": "list_providers"}, nowhere)
+    error = reply["error"]
+    assert (error["code"], error["message"]) == (-32603, "Internal error")
+    assert "kaboom" not in str(error)
+    logged = next(e for e in read_events(events_path) if e["event"] == "rpc_error" and e.get("error_id"))
+    assert logged["error_id"] == error["data"]["error_id"]
+    assert "kaboom inside" in logged["traceback"]

@@ -1,0 +1,246 @@
+"""`conclave serve` as a subprocess over stdio: framing, errors, MCP, progress, cancellation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from conclave.schemas import validator
+from conclave.sim import Reply, Scenario, SimPanel
+from tests.server_support import StdioServer, panel_config, start_server
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def panel() -> AsyncIterator[SimPanel]:
+    async with SimPanel() as sim:
+        yield sim
+
+
+@pytest.fixture
+async def server(panel: SimPanel, tmp_path: Path) -> AsyncIterator[StdioServer]:
+    proc = await start_server(panel_config(panel, tmp_path), tmp_path)
+    try:
+        yield proc
+    finally:
+        if proc.process.returncode is None:
+            proc.process.kill()
+            await proc.process.wait()
+
+
+async def initialize(server: StdioServer, version: str = "2025-11-25") -> dict[str, Any]:
+    reply = await server.request(
+        "initialize",
+        {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}},
+        id=0,
+    )
+    await server.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return reply  # type: ignore[no-any-return]
+
+
+async def test_a_garbage_line_is_a_parse_error_and_the_server_keeps_serving(server: StdioServer) -> None:
+    await server.send(b"this is not json")
+    error = await server.recv()
+    assert (error["id"], error["error"]["code"]) == (None, -32700)
+    assert (await server.request("ping"))["result"] == {}
+
+
+@pytest.mark.parametrize(
+    ("message", "reply_id"),
+    [
+        (b"1", None),
+        (b'"text"', None),
+        (b'{"jsonrpc": "1.0", "method": "ping", "id": 3}', 3),
+        (b'{"jsonrpc": "2.0", "id": 4}', 4),
+        (b'{"jsonrpc": "2.0", "method": 5, "id": 5}', 5),
+        (b'{"jsonrpc": "2.0", "method": "ping", "id": {"x": 1}}', None),
+        (b'{"jsonrpc": "2.0", "method": "ping", "id": 6, "params": "nope"}', 6),
+        (b"[]", None),
+    ],
+)
+async def test_invalid_requests_get_minus_32600(server: StdioServer, message: bytes, reply_id: Any) -> None:
+    await server.send(message)
+    error = await server.recv()
+    assert (error["id"], error["error"]["code"]) == (reply_id, -32600)
+
+
+async def test_an_unknown_method_is_minus_32601_and_ids_keep_their_type(server: StdioServer) -> None:
+    by_string = await server.request("no/such/method", id="abc")
+    by_number = await server.request("ping", id=42)
+    assert (by_string["id"], by_string["error"]["code"]) == ("abc", -32601)
+    assert by_number == {"jsonrpc": "2.0", "id": 42, "result": {}}
+
+
+async def test_notifications_are_never_answered(server: StdioServer) -> None:
+    await server.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await server.send({"jsonrpc": "2.0", "method": "no/such/notification"})
+    await server.send({"jsonrpc": "2.0", "method": "confer", "params": {"bad": 1}})
+    assert await server.request("ping", id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
+
+
+async def test_a_batch_is_answered_as_a_batch(server: StdioServer) -> None:
+    await server.send(
+        [
+            {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "nope"},
+        ]
+    )
+    replies = await server.recv()
+    assert isinstance(replies, list)
+    assert sorted((r["id"], "error" in r) for r in replies) == [(1, False), (2, True)]
+
+
+async def test_huge_invalid_and_deep_inputs_do_not_stop_the_server(server: StdioServer) -> None:
+    await server.send(
+        b'{"jsonrpc": "2.0", "id": 9, "method": "ping", "params": {"x": "' + b"a" * 10_000_000 + b'"'
+    )
+    assert (await server.recv())["error"]["code"] == -32700
+    big = {
+        "jsonrpc": "2.0",
+        "id": 10,
+        "method": "verify",
+        "params": {"checks": [{"type": "contains", "text": "a" * 10_000_000, "substring": "a"}]},
+    }
+    reply = await server.request("verify", big["params"], id=10)
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"]["path"] == "$.checks[0].text"
+    await server.send(b'{"jsonrpc": "2.0", "id": 11, "method": "ping", "x": "\xff\xfe"}')
+    assert (await server.recv())["error"]["code"] == -32700
+    await server.send(b"[" * 100_000 + b"]" * 100_000)
+    assert (await server.recv())["error"]["code"] == -32700
+    assert (await server.request("ping", id=12))["result"] == {}
+
+
+async def test_server_discover_is_answered_at_once_so_clients_fall_back(server: StdioServer) -> None:
+    reply = await server.request("server/discover", {}, id="d")
+    assert (reply["id"], reply["error"]["code"]) == ("d", -32601)
+
+
+async def test_initialize_negotiates_the_protocol_version(server: StdioServer) -> None:
+    reply = await initialize(server)
+    assert reply["result"]["protocolVersion"] == "2025-11-25"
+    assert reply["result"]["capabilities"]["tools"] == {"listChanged": False}
+    assert reply["result"]["serverInfo"]["name"] == "conclave"
+    older = await server.request("initialize", {"protocolVersion": "2025-03-26", "capabilities": {}}, id=1)
+    assert older["result"]["protocolVersion"] == "2025-03-26"
+    future = await server.request("initialize", {"protocolVersion": "2099-01-01", "capabilities": {}}, id=2)
+    assert future["result"]["protocolVersion"] == "2025-11-25"
+
+
+async def test_tools_list_describes_every_tool_with_schemas_and_annotations(server: StdioServer) -> None:
+    await initialize(server)
+    tools = {t["name"]: t for t in (await server.request("tools/list"))["result"]["tools"]}
+    assert set(tools) == {"confer", "coordinate", "fetch", "verify", "list_providers"}
+    for tool in tools.values():
+        assert tool["inputSchema"]["type"] == "object" and tool["outputSchema"]["type"] == "object"
+        assert tool["title"] and tool["description"]
+    assert tools["fetch"]["annotations"]["openWorldHint"] is True
+    assert tools["fetch"]["annotations"]["readOnlyHint"] is True
+    assert tools["verify"]["annotations"]["openWorldHint"] is False
+
+
+async def test_tools_call_confer_returns_text_and_valid_structured_content_with_progress(
+    server: StdioServer, panel: SimPanel
+) -> None:
+    await initialize(server)
+    await server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "c1",
+            "method": "tools/call",
+            "params": {
+                "name": "confer",
+                "arguments": {"question": "Which?"},
+                "_meta": {"progressToken": "tok"},
+            },
+        }
+    )
+    progress, reply = [], None
+    while reply is None:
+        message = await server.recv()
+        if message.get("method") == "notifications/progress":
+            progress.append(message["params"])
+        else:
+            reply = message
+    result = reply["result"]
+    assert result["isError"] is False
+    assert list(validator("confer.output.json").iter_errors(result["structuredContent"])) == []
+    assert "alpha" in result["content"][0]["text"]
+    assert [p["progress"] for p in progress] == [1, 2, 3]
+    assert {p["progressToken"] for p in progress} == {"tok"}
+    assert len(panel.received) == 3
+
+
+async def test_bad_arguments_are_an_is_error_result_and_an_unknown_tool_is_minus_32602(
+    server: StdioServer,
+) -> None:
+    await initialize(server)
+    bad = await server.request("tools/call", {"name": "fetch", "arguments": {"url": 5}})
+    assert bad["result"]["isError"] is True
+    assert "$.url" in bad["result"]["content"][0]["text"]
+    refused = await server.request(
+        "tools/call", {"name": "fetch", "arguments": {"url": "http://169.254.169.254/"}}
+    )
+    assert (
+        refused["result"]["isError"] is True and "metadata_address" in refused["result"]["content"][0]["text"]
+    )
+    unknown = await server.request("tools/call", {"name": "shell", "arguments": {}})
+    assert unknown["error"]["code"] == -32602
+
+
+async def test_plain_methods_return_the_structured_result_or_a_typed_error(server: StdioServer) -> None:
+    checks = {"checks": [{"type": "math", "expression": "2+2", "expected": 4}]}
+    assert (await server.request("verify", checks))["result"]["passed"] is True
+    providers = (await server.request("list_providers"))["result"]["providers"]
+    assert [p["name"] for p in providers] == ["alpha", "beta", "gamma"]
+    assert all(p["breaker"] == "closed" for p in providers)
+    invalid = await server.request("confer", {"question": 7})
+    assert invalid["error"]["code"] == -32602
+    assert invalid["error"]["data"] == {"path": "$.question", "message": "7 is not of type 'string'"}
+    refused = await server.request("fetch", {"url": "file:///etc/passwd"})
+    assert refused["error"]["code"] == -32000
+    assert refused["error"]["data"]["reason"] == "scheme_not_allowed"
+
+
+async def test_ping_is_answered_during_a_long_call_and_cancel_stops_it_with_no_reply(
+    server: StdioServer, panel: SimPanel
+) -> None:
+    panel.set_scenario("m-alpha", Scenario(replies=(Reply(latency_ms=15_000),)))
+    await initialize(server)
+    await server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "slow",
+            "method": "tools/call",
+            "params": {"name": "confer", "arguments": {"question": "q", "providers": ["alpha"]}},
+        }
+    )
+    with anyio.fail_after(10):
+        while not panel.received:
+            await anyio.sleep(0.02)
+    assert (await server.request("ping", id="p"))["id"] == "p"
+    await server.send(
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": "slow", "reason": "user gave up"},
+        }
+    )
+    with anyio.fail_after(10):
+        while not panel.aborted:
+            await anyio.sleep(0.02)
+    assert panel.aborted == ["m-alpha"]
+    assert (await server.request("ping", id="p2"))["id"] == "p2", "no reply for the cancelled call came first"
+
+
+async def test_the_server_exits_cleanly_at_stdin_eof_after_finishing_what_it_received(
+    server: StdioServer,
+) -> None:
+    await server.send({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert await server.close() == 0
