@@ -8,6 +8,7 @@ Every error is one line naming the key path and the fix.
 from __future__ import annotations
 
 import os
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,7 @@ class Breakers:
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
+    enabled: bool = True
     path: str = ".conclave/events.ndjson"
     include_content: bool = False
 
@@ -109,6 +111,7 @@ class Telemetry:
 class Transcripts:
     enabled: bool = True
     dir: str = ".conclave/transcripts"
+    fsync: bool = False  # rename alone is atomic against crashes; fsync adds power-loss durability
 
 
 class Secrets:
@@ -159,6 +162,11 @@ def find_config_file(cli_path: str | None, env: Mapping[str, str]) -> Path:
     for explicit, origin in ((cli_path, "--config"), (env.get("CONCLAVE_CONFIG"), "CONCLAVE_CONFIG")):
         if explicit:
             path = Path(explicit).expanduser()
+            if path.is_dir():
+                raise ConfigError(
+                    f"config: {str(path)!r} named by {origin} is a directory, not a config file; "
+                    "name the YAML file inside it (e.g. config.yaml)"
+                )
             if not path.is_file():
                 raise ConfigError(
                     f"config: file {str(path)!r} named by {origin} does not exist; "
@@ -174,7 +182,15 @@ def read_dotenv(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     values: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}; fix its permissions") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config: {path} is not UTF-8 text (byte {exc.start}); write it as KEY=VALUE lines or remove it"
+        ) from None
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
@@ -204,19 +220,60 @@ def load_config(
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"config: cannot read {path}: {exc.strerror}; check the path") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"config: {path}{where}: {problem}; fix the YAML syntax") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config: {path} is not UTF-8 text (invalid byte at offset {exc.start}); a config file is YAML"
+        ) from None
+    data = _parse_yaml(text, str(path))
     if data is None:
-        return {}
+        raise ConfigError(
+            f"config: {path} is empty; write at least a providers section "
+            "(the packaged config.yaml is a commented example) or drop it to use the packaged default"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path}: the top level must be a mapping of sections")
+    _check_keys(data, path)
     return data
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "invalid YAML"
+        raise ConfigError(f"config: {where}{at}: {problem}; fix the YAML syntax") from None
+    except RecursionError:
+        raise ConfigError(f"config: {where}: nested too deeply to read; fix the YAML") from None
+
+
+def _check_keys(data: dict[str, Any], path: Path) -> None:
+    """Every mapping key must be a string: YAML reads `1:`, `yes:` or `null:` as a number, a
+    boolean or null, which would reach provider names and headers (and break JSON output).
+    Each node is visited once, so aliases (even a recursive one) cost nothing extra."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, list):
+            stack.extend((child, f"{where}[{index}]") for index, child in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, child in node.items():
+            if not isinstance(key, str):
+                raise ConfigError(
+                    f"config: {where or '(top level)'}: key {_show(key)} is not a string (YAML reads "
+                    f"unquoted numbers, yes/no, null and dates as other types); quote it (in {path})"
+                )
+            stack.append((child, f"{where}.{key}" if where else key))
 
 
 def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -240,8 +297,8 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         node = child
     try:
         node[leaf] = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config: --set {dotted}: value {value!r} is not valid YAML") from exc
+    except (yaml.YAMLError, RecursionError):
+        raise ConfigError(f"config: --set {dotted}: value {_show(value)} is not valid YAML") from None
 
 
 def _validate(raw: dict[str, Any], path: Path) -> None:
@@ -259,10 +316,19 @@ def _explain(error: Any) -> str:
     if error.validator == "required":
         return f"{error.message}; add it"
     if error.validator == "type":
-        return f"{error.instance!r} is not of type {error.validator_value!r}; fix the value"
+        return f"{_show(error.instance)} is not of type {error.validator_value!r}; fix the value"
     if error.validator == "enum":
-        return f"{error.instance!r} is not one of {error.validator_value}; use one of those"
+        return f"{_show(error.instance)} is not one of {error.validator_value}; use one of those"
     return f"{error.message}; fix the value"
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 80, 80, 6, 6
+
+
+def _show(value: Any) -> str:
+    """A short repr, whatever the size or depth of the value: a config error is one line."""
+    return _SHOW.repr(value)
 
 
 def _check_references(raw: dict[str, Any], path: Path) -> None:

@@ -1,8 +1,14 @@
-"""The one place an `httpx.AsyncClient` is built; everything else is handed it.
+"""HTTP plumbing: the one place an `httpx.AsyncClient` is built, and the transports under it.
 
-Provider traffic goes over an aiohttp-backed transport: httpx's own connection pool
-collapses under hundreds of concurrent requests on a small machine (issue F1/F6 figures),
-while httpx's API over aiohttp stays near the raw-aiohttp limit.
+Everything speaks httpx's API (`httpx.Request` / `httpx.Response`, `MockTransport` in tests),
+over aiohttp underneath: httpx's own connection pool collapses under hundreds of concurrent
+requests on a small machine (issue F1/F6 figures), aiohttp does not.
+
+- `make_http_client` builds the shared client (fetch uses it: it streams bodies so its byte
+  caps hold, via the `httpx-aiohttp` transport).
+- `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
+  headers to aiohttp as plain tuples and returns a read response, skipping the per-request
+  conversions and stream wrappers a general transport needs (the F6 profile's top cost).
 """
 
 from __future__ import annotations
@@ -34,6 +40,58 @@ def make_http_client(
     )
 
 
+class ProviderTransport(httpx.AsyncBaseTransport):
+    """httpx's transport seam over one aiohttp session, for whole-body JSON exchanges."""
+
+    def __init__(self, *, max_connections: int = 1000, keepalive_seconds: float = 30.0) -> None:
+        self._max_connections = max_connections
+        self._keepalive = keepalive_seconds
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the running event loop aiohttp binds it to.
+        connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive)
+        self._session = aiohttp.ClientSession(
+            connector=connector, trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        session = self._session or self._open()
+        timeouts = request.extensions.get("timeout", {})
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        try:
+            async with session.request(
+                request.method,
+                str(request.url),
+                data=request.content,
+                headers=headers,
+                allow_redirects=False,
+                compress=None,
+                timeout=aiohttp.ClientTimeout(
+                    sock_connect=timeouts.get("connect"), sock_read=timeouts.get("read")
+                ),
+                server_hostname=request.extensions.get("sni_hostname"),
+            ) as response:
+                body = await response.read()
+                raw_headers = list(response.raw_headers)
+                status = response.status
+        except aiohttp.ClientConnectorError as exc:
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
+        except aiohttp.ClientError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        return httpx.Response(status, headers=raw_headers, content=body, request=request)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:
     """What really happened under an httpx transport error.
 
@@ -50,3 +108,9 @@ def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
         return "connection_dropped"
     return "connection_error"
+
+
+def transport_of(client: httpx.AsyncClient) -> httpx.AsyncBaseTransport:
+    """The transport under a client (tests hand the runtime one MockTransport for everything)."""
+    transport: httpx.AsyncBaseTransport = client._transport
+    return transport

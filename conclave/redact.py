@@ -35,6 +35,21 @@ _CREDENTIAL_SHAPES = re.compile(
 )
 
 
+_SENSITIVE_NAMES = b"|".join(re.escape(k.encode()) for k in sorted(SENSITIVE_KEYS))
+_SENSITIVE_JSON_FIELD = re.compile(
+    rb'"(' + _SENSITIVE_NAMES + rb')"(\s*:\s*)"(?:[^"\\]|\\.)+"', re.IGNORECASE
+)
+
+
+_QUOTED_SENSITIVE_NAMES = tuple(b'"' + k.encode() + b'"' for k in SENSITIVE_KEYS)
+_CREDENTIAL_TRIGGERS = ("bearer", "sk-", "aiza", "xai-", "key=")
+
+
+def _may_hold_credential(lowered: str) -> bool:
+    """Substring checks are far cheaper than the alternation regex; run it only on a hit."""
+    return any(trigger in lowered for trigger in _CREDENTIAL_TRIGGERS)
+
+
 class Redactor:
     """Replaces known secret values and credential-shaped strings with a marker."""
 
@@ -47,6 +62,8 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
+        if not _may_hold_credential(value.lower()):
+            return value  # the common case: skip the regex scan
         return _CREDENTIAL_SHAPES.sub(_mask_match, value)
 
     def value(self, value: Any) -> Any:
@@ -58,6 +75,19 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.value(v) for v in value]
         return value
+
+    def json_bytes(self, data: bytes) -> bytes:
+        """Redact serialized JSON in one pass: sensitive fields, secrets, credential shapes.
+
+        Much cheaper than walking the value before serializing (the hot path of every event
+        and transcript). API keys need no JSON escaping, so they appear in the bytes as is.
+        """
+        lowered = data.lower()
+        if any(name in lowered for name in _QUOTED_SENSITIVE_NAMES):
+            data = _SENSITIVE_JSON_FIELD.sub(rb'"\1"\2"' + REDACTED.encode() + rb'"', data)
+        text = data.decode("utf-8")
+        redacted = self.text(text)
+        return data if redacted is text else redacted.encode("utf-8")
 
     def _field(self, key: str, value: Any) -> Any:
         if key.lower() in SENSITIVE_KEYS and isinstance(value, str) and value:

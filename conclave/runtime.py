@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from conclave.config import Config
-from conclave.http import make_http_client
+from conclave.http import ProviderTransport, make_http_client
 from conclave.providers import ProviderPool
 from conclave.telemetry import Telemetry
 from conclave.tools import ToolContext, ToolRegistry, build_registry
@@ -38,20 +38,21 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`)."""
     telemetry = Telemetry(
-        config.telemetry.path,
+        config.telemetry.path if config.telemetry.enabled else None,
         include_content=config.telemetry.include_content,
         secrets=config.secrets.values(),
     )
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
+    provider_transport = transport or ProviderTransport(max_connections=config.limits.max_concurrency * 4)
     try:
-        async with http:
+        async with http, provider_transport:
             tools = build_registry()
             tool_context = ToolContext(config, http, telemetry, **tool_options)
             yield Runtime(
                 config=config,
                 http=http,
                 telemetry=telemetry,
-                providers=ProviderPool(config, http=http, telemetry=telemetry),
+                providers=ProviderPool(config, http=http, telemetry=telemetry, transport=provider_transport),
                 tools=tools,
                 tool_context=tool_context,
                 worker=WorkerLoop(

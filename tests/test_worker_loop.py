@@ -103,7 +103,9 @@ async def run(
         canary=canary,
         max_tokens=200,
     )
-    return await loop.run(turn)
+    outcome = await loop.run(turn)
+    runtime.telemetry.flush()  # events are batched; the assertions read the file
+    return outcome
 
 
 def last_user(request: CompletionRequest) -> str:

@@ -23,7 +23,7 @@ from conclave.deliberation.common import (
     worker_tools_block,
 )
 from conclave.deliberation.plan import TurnShape, planned_call, summarize
-from conclave.deliberation.transcripts import write_transcript
+from conclave.deliberation.transcripts import save_transcript
 from conclave.runtime import Runtime
 from conclave.schemas import check_arguments
 from conclave.telemetry import session as bind_session
@@ -65,9 +65,9 @@ class _Confer:
             question=self.args["question"],
         )
         if self.args.get("dry_run"):
-            return self._finish(self._dry_run())
+            return await self._finish(self._dry_run())
         answers = await self._ask_everyone()
-        return self._finish(self._result(answers), answers)
+        return await self._finish(self._result(answers), answers)
 
     async def _ask_everyone(self) -> list[Answer]:
         done: dict[str, Answer] = {}
@@ -158,7 +158,7 @@ class _Confer:
         result.update(dry_run=True, plan=summarize(calls))
         return result
 
-    def _finish(self, result: dict[str, Any], answers: list[Answer] | None = None) -> dict[str, Any]:
+    async def _finish(self, result: dict[str, Any], answers: list[Answer] | None = None) -> dict[str, Any]:
         runtime = self.runtime
         path = None
         if runtime.config.transcripts.enabled and answers is not None:
@@ -170,12 +170,13 @@ class _Confer:
                 "hops": {a.provider: a.exchanges for a in answers},
             }
             path = str(
-                write_transcript(
+                await save_transcript(
                     runtime.config.transcripts.dir,
                     self.session.id,
                     "confer",
                     payload,
                     runtime.telemetry.redactor,
+                    fsync=runtime.config.transcripts.fsync,
                 )
             )
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")

@@ -34,7 +34,7 @@ from conclave.deliberation.roles import (
     role_system,
     synthesizer_prompt,
 )
-from conclave.deliberation.transcripts import write_transcript
+from conclave.deliberation.transcripts import save_transcript
 from conclave.messages import Message
 from conclave.runtime import Runtime
 from conclave.schemas import check_arguments
@@ -100,13 +100,13 @@ class _Debate:
             task=self.args["task"],
         )
         if self.args.get("dry_run"):
-            return self._finish(self._dry_run())
+            return await self._finish(self._dry_run())
         rounds: list[tuple[Answer | None, list[Answer]]] = []
         with anyio.CancelScope(deadline=self.deadline):
             await self._debate(rounds)
         debated = bool(rounds) and rounds[-1][0] is not None and rounds[-1][0].envelope is not None
         synthesis = await self._synthesize(rounds) if debated else None
-        return self._finish(self._result(rounds, synthesis))
+        return await self._finish(self._result(rounds, synthesis))
 
     # -- the debate ------------------------------------------------------------------------------------
 
@@ -392,7 +392,7 @@ class _Debate:
         )
         return result
 
-    def _finish(self, result: dict[str, Any]) -> dict[str, Any]:
+    async def _finish(self, result: dict[str, Any]) -> dict[str, Any]:
         runtime = self.runtime
         path = None
         if runtime.config.transcripts.enabled and not result.get("dry_run"):
@@ -407,12 +407,13 @@ class _Debate:
                 ],
             }
             path = str(
-                write_transcript(
+                await save_transcript(
                     runtime.config.transcripts.dir,
                     self.session.id,
                     "coordinate",
                     payload,
                     runtime.telemetry.redactor,
+                    fsync=runtime.config.transcripts.fsync,
                 )
             )
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")

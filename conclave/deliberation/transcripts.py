@@ -4,6 +4,7 @@ same directory, fsync, rename), so a crash mid-write never leaves a partial file
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -11,24 +12,46 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import orjson
 
 from conclave.redact import Redactor
 
 
 def write_transcript(
-    directory: str | Path, session_id: str, tool: str, payload: Mapping[str, Any], redactor: Redactor
+    directory: str | Path,
+    session_id: str,
+    tool: str,
+    payload: Mapping[str, Any],
+    redactor: Redactor,
+    *,
+    fsync: bool = False,
 ) -> Path:
     """Write `<dir>/<YYYY-MM-DD>/<session>-<tool>-<time>.json`; returns the path."""
     now = datetime.now(UTC)
     folder = Path(directory) / now.strftime("%Y-%m-%d")
     path = folder / f"{session_id}-{tool}-{now.strftime('%H%M%S%f')}.json"
-    body = orjson.dumps(redactor.value(dict(payload)), option=orjson.OPT_INDENT_2, default=str)
-    atomic_write(path, _chunks(body))
+    body = redactor.json_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2, default=str))
+    atomic_write(path, _chunks(body), fsync=fsync)
     return path
 
 
-def atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
+async def save_transcript(
+    directory: str | Path,
+    session_id: str,
+    tool: str,
+    payload: Mapping[str, Any],
+    redactor: Redactor,
+    *,
+    fsync: bool = False,
+) -> Path:
+    """`write_transcript` in a worker thread: disk writes and fsync never stall the event loop."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(write_transcript, directory, session_id, tool, payload, redactor, fsync=fsync)
+    )
+
+
+def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> None:
     """All of the file or none of it: a failure while writing removes the temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -37,7 +60,8 @@ def atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
             for chunk in chunks:
                 out.write(chunk)
             out.flush()
-            os.fsync(out.fileno())
+            if fsync:
+                os.fsync(out.fileno())
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -4,6 +4,7 @@ that hands out resilient clients (breakers persist for the life of the process).
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator
 
 import anyio
@@ -12,6 +13,7 @@ import httpx
 from conclave.breaker import BreakerState, CircuitBreaker
 from conclave.config import Config
 from conclave.errors import ConfigError
+from conclave.http import transport_of
 from conclave.providers.anthropic import AnthropicAdapter
 from conclave.providers.base import Adapter
 from conclave.providers.client import Clock, ProviderClient, Sleep
@@ -35,7 +37,8 @@ class ProviderPool:
         *,
         http: httpx.AsyncClient,
         telemetry: Telemetry,
-        clock: Clock = anyio.current_time,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -46,7 +49,7 @@ class ProviderPool:
             name: ProviderClient(
                 entry,
                 ADAPTERS[entry.kind],
-                http=http,
+                transport=transport or transport_of(http),
                 api_key=config.api_key(name),
                 breaker=CircuitBreaker(
                     name,

@@ -6,11 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-import httpx
-
 from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
-from conclave.providers.base import ErrorDetails, ParsedCompletion, WireRequest, as_int, bare_model
+from conclave.providers.base import ErrorDetails, Headers, ParsedCompletion, WireRequest, as_int, bare_model
 
 API_VERSION = "2023-06-01"
 # Claude Opus 4.7 / 4.8 / 5 reject sampling settings altogether (pydantic-ai profile).
@@ -43,7 +41,7 @@ class AnthropicAdapter:
             headers["x-api-key"] = key
         return WireRequest(f"{entry.base_url}/v1/messages", headers, body)
 
-    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion:
+    def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         blocks = body["content"]
         text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         stop = body.get("stop_reason") or "end_turn"
@@ -55,7 +53,7 @@ class AnthropicAdapter:
             request_id=headers.get("request-id") or body.get("id"),
         )
 
-    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails:
+    def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):
             err = {}

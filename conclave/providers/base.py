@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Protocol
 
-import httpx
-
 from conclave.config import ProviderConfig
 from conclave.errors import (
     PermanentProviderError,
@@ -19,6 +17,8 @@ from conclave.errors import (
     TransientProviderError,
 )
 from conclave.messages import CompletionRequest, Usage
+
+Headers = Mapping[str, str]  # response headers, names lower-cased
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +57,16 @@ class Adapter(Protocol):
 
     def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest: ...
 
-    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion: ...
+    def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion: ...
 
-    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails: ...
+    def error_details(self, body: Any, headers: Headers) -> ErrorDetails: ...
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 _PERMANENT_CODES = {
     400: "bad_request",
     401: "auth_error",
+    402: "insufficient_quota",  # Payment Required: Anthropic's billing_error, an exhausted credit balance
     403: "permission_denied",
     404: "not_found",
     413: "request_too_large",
@@ -75,7 +76,7 @@ _TRANSIENT_CODES = {408: "timeout", 409: "conflict", 503: "unavailable", 529: "o
 _UNCURABLE_429 = ("insufficient_quota", "request too large")
 
 
-def status_error(status: int, details: ErrorDetails, headers: httpx.Headers) -> ProviderError:
+def status_error(status: int, details: ErrorDetails, headers: Headers) -> ProviderError:
     """Turn a non-2xx answer into the right branch of the error tree."""
     header_delay = retry_after_from_headers(headers)
     retry_after = header_delay if header_delay is not None else details.retry_after
@@ -109,7 +110,7 @@ def _uncurable_rate_limit(details: ErrorDetails) -> bool:
     return any(marker in haystack for marker in _UNCURABLE_429)
 
 
-def retry_after_from_headers(headers: httpx.Headers) -> float | None:
+def retry_after_from_headers(headers: Headers) -> float | None:
     """`retry-after-ms`, then `retry-after` as seconds or an HTTP date (as the SDKs do)."""
     if (ms := headers.get("retry-after-ms")) is not None:
         try:

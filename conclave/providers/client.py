@@ -6,8 +6,10 @@ This is the only place httpx / aiohttp / JSON exceptions become Conclave errors.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 import anyio
@@ -29,7 +31,7 @@ from conclave.errors import (
 )
 from conclave.http import classify_transport_error
 from conclave.messages import Completion, CompletionRequest
-from conclave.providers.base import Adapter, ParsedCompletion, WireRequest, status_error
+from conclave.providers.base import Adapter, Headers, ParsedCompletion, WireRequest, status_error
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.telemetry import Telemetry
@@ -39,27 +41,31 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 class ProviderClient:
-    """`complete()` is the one method callers use; everything below it is the retry layer."""
+    """`complete()` is the one method callers use; everything below it is the retry layer.
+
+    Deadlines are `time.monotonic()` instants, the clock anyio's asyncio backend runs on
+    (`anyio.current_time()` looks the backend up on every call: measurable on this path).
+    """
 
     def __init__(
         self,
         entry: ProviderConfig,
         adapter: Adapter,
         *,
-        http: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         api_key: str | None,
         breaker: CircuitBreaker,
         retry: RetryPolicy,
         telemetry: Telemetry,
         limiter: anyio.CapacityLimiter,
-        clock: Clock = anyio.current_time,
+        clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self.entry = entry
         self.adapter = adapter
         self.breaker = breaker
-        self._http = http
+        self._transport = transport
         self._key = api_key
         self._retry = retry
         self._telemetry = telemetry
@@ -80,15 +86,7 @@ class ProviderClient:
             self._require_key()
             self.breaker.check()
             wire = self.adapter.build(request, self.entry, self._key)
-            retrying = AsyncRetrying(
-                retry=policy.should_retry,
-                wait=policy.wait,
-                stop=stop_never,
-                sleep=self._sleep,
-                before_sleep=policy.announce,
-                reraise=True,
-            )
-            parsed: ParsedCompletion = await retrying(self._attempt, wire, deadline)
+            parsed = await self._attempts(wire, deadline, policy)
         except ProviderError as exc:
             final = policy.give_up(exc)
             self._settle_breaker(final)
@@ -100,6 +98,29 @@ class ProviderClient:
         completion = self._finish(parsed, started, policy.attempts)
         self._emit_call(started, policy.attempts, completion=completion)
         return completion
+
+    async def _attempts(
+        self, wire: WireRequest, deadline: float, policy: _CallRetryPolicy
+    ) -> ParsedCompletion:
+        """The first attempt runs bare (most calls need no other); tenacity drives the retries."""
+        policy.attempts = 1
+        try:
+            return await self._attempt(wire, deadline)
+        except ProviderError as exc:
+            if not policy.judge(exc, attempt=1):
+                raise
+            policy.report(exc, attempt=1)
+            await self._sleep(policy.delay)
+        retrying = AsyncRetrying(
+            retry=policy.should_retry,
+            wait=policy.wait,
+            stop=stop_never,
+            sleep=self._sleep,
+            before_sleep=policy.announce,
+            reraise=True,
+        )
+        parsed: ParsedCompletion = await retrying(self._attempt, wire, deadline)
+        return parsed
 
     def _require_key(self) -> None:
         env = self.entry.api_key_env
@@ -127,29 +148,39 @@ class ProviderClient:
             ) from exc
         return self._read(status, headers, body)
 
-    async def _post(self, wire: WireRequest, seconds: float) -> tuple[int, httpx.Headers, bytes]:
-        """The HTTP exchange, with transport failures translated (and redacted)."""
+    async def _post(self, wire: WireRequest, seconds: float) -> tuple[int, Headers, bytes]:
+        """The HTTP exchange, straight on the transport: provider calls need none of the
+        client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
+        request = httpx.Request(
+            "POST",
+            _parsed_url(wire.url),
+            headers=wire.headers,
+            content=orjson.dumps(wire.body),
+            extensions={
+                "timeout": {"connect": min(seconds, 10.0), "read": seconds, "write": seconds, "pool": seconds}
+            },
+        )
         try:
-            response = await self._http.post(
-                wire.url,
-                content=orjson.dumps(wire.body),
-                headers=dict(wire.headers),
-                timeout=httpx.Timeout(seconds, connect=min(seconds, 10.0)),
-            )
+            response = await self._transport.handle_async_request(request)
+            try:
+                raw = await response.aread()
+            finally:
+                await response.aclose()
         except httpx.HTTPError as exc:
             failure = classify_transport_error(exc)
             if failure == "timeout":
                 detail = self._scrub(str(exc)) or type(exc).__name__
                 raise ProviderTimeout(f"timed out: {detail}", provider=self.name) from exc
             raise self._unreachable(exc, failure) from exc
-        return response.status_code, response.headers, response.content
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers.raw}
+        return response.status_code, headers, raw
 
     def _unreachable(self, exc: Exception, code: str) -> ProviderUnreachable:
         detail = self._scrub(str(exc)) or type(exc).__name__
         what = "connection dropped" if code == "connection_dropped" else "cannot connect"
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=code)
 
-    def _read(self, status: int, headers: httpx.Headers, raw: bytes) -> ParsedCompletion:
+    def _read(self, status: int, headers: Headers, raw: bytes) -> ParsedCompletion:
         body = _json_or_none(raw)
         if status >= 400:
             details = self.adapter.error_details(body if body is not None else {}, headers)
@@ -247,34 +278,46 @@ class _CallRetryPolicy:
         self.attempts = 0
         self.decision: RetryDecision | None = None
 
-    def should_retry(self, state: RetryCallState) -> bool:
-        self.attempts = state.attempt_number
-        outcome = state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if exc is None:
-            return False
+    FIRST_ATTEMPTS_OUTSIDE = 1  # attempts made before tenacity took over
+
+    def judge(self, exc: BaseException, *, attempt: int) -> bool:
         client = self._client
+        self.attempts = attempt
         self.decision = decide(
             exc,
-            attempt=state.attempt_number,
+            attempt=attempt,
             policy=client._retry,
             remaining=self._deadline - client._clock(),
             jitter=client._jitter,
         )
         return self.decision.retry
 
-    def wait(self, _state: RetryCallState) -> float:
+    @property
+    def delay(self) -> float:
         return self.decision.delay if self.decision is not None else 0.0
+
+    def should_retry(self, state: RetryCallState) -> bool:
+        attempt = state.attempt_number + self.FIRST_ATTEMPTS_OUTSIDE
+        self.attempts = attempt
+        outcome = state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        return exc is not None and self.judge(exc, attempt=attempt)
+
+    def wait(self, _state: RetryCallState) -> float:
+        return self.delay
 
     def announce(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
+        self.report(exc, attempt=state.attempt_number + self.FIRST_ATTEMPTS_OUTSIDE)
+
+    def report(self, exc: BaseException | None, *, attempt: int) -> None:
         client = self._client
         client._telemetry.emit(
             "provider_retry",
             provider=client.name,
             kind=client.entry.kind,
-            attempt=state.attempt_number,
-            delay_seconds=round(self.wait(state), 3),
+            attempt=attempt,
+            delay_seconds=round(self.delay, 3),
             code=getattr(exc, "code", "error"),
             http_status=getattr(exc, "status", None),
         )
@@ -289,6 +332,11 @@ class _CallRetryPolicy:
         if self.decision.reason == "deadline" and not isinstance(exc, DeadlineExceeded):
             return DeadlineExceeded(exc.message, provider=exc.provider, status=exc.status)
         return exc
+
+
+@lru_cache(maxsize=1024)
+def _parsed_url(url: str) -> httpx.URL:
+    return httpx.URL(url)  # immutable, so one parse serves every call to the same endpoint
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-import httpx
-
 from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
     ErrorDetails,
+    Headers,
     ParsedCompletion,
     WireRequest,
     as_int,
@@ -46,7 +45,7 @@ class GeminiAdapter:
         model = quote(entry.model.removeprefix("models/"), safe="-._")
         return WireRequest(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers, body)
 
-    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion:
+    def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         candidates = body.get("candidates")
         usage = _usage(body.get("usageMetadata") or {})
         model = str(body.get("modelVersion") or entry.model).removeprefix("models/")
@@ -61,7 +60,7 @@ class GeminiAdapter:
         text = "".join(p.get("text", "") for p in parts if not p.get("thought"))
         return ParsedCompletion(text, _finish(candidate.get("finishReason")), usage, model, request_id)
 
-    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails:
+    def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):
             err = {}

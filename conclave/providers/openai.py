@@ -4,6 +4,7 @@ Ollama, vLLM and llama.cpp. Only mapping lives here; see WIRE.md §2 for the fac
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import httpx
@@ -12,6 +13,7 @@ from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
     ErrorDetails,
+    Headers,
     ParsedCompletion,
     WireRequest,
     as_int,
@@ -34,8 +36,13 @@ def max_tokens_field(entry: ProviderConfig) -> str:
     if entry.max_tokens_field:
         return entry.max_tokens_field
     # The official API deprecates max_tokens; many compatible servers know only it.
-    official = httpx.URL(entry.base_url).host == "api.openai.com"
+    official = _host(entry.base_url) == "api.openai.com"
     return "max_completion_tokens" if official or is_reasoning_model(entry) else "max_tokens"
+
+
+@lru_cache(maxsize=256)
+def _host(base_url: str) -> str:
+    return httpx.URL(base_url).host
 
 
 class OpenAIAdapter:
@@ -60,7 +67,7 @@ class OpenAIAdapter:
             headers["authorization"] = f"Bearer {key}"
         return WireRequest(f"{entry.base_url}/chat/completions", headers, body)
 
-    def parse(self, body: Any, headers: httpx.Headers, entry: ProviderConfig) -> ParsedCompletion:
+    def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         choice = body["choices"][0]
         return ParsedCompletion(
             text=_content_text(choice["message"].get("content")),
@@ -73,7 +80,7 @@ class OpenAIAdapter:
             or body.get("id"),
         )
 
-    def error_details(self, body: Any, headers: httpx.Headers) -> ErrorDetails:
+    def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
         # OpenAI nests under "error"; Mistral and old vLLM put it at the top level.
         err = body.get("error", body) if isinstance(body, dict) else {}
         if not isinstance(err, dict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,7 +39,7 @@ class ToolContext:
     http: httpx.AsyncClient
     telemetry: Telemetry
     resolver: Resolver = system_resolver
-    clock: Clock = anyio.current_time
+    clock: Clock = time.monotonic
     egress: EgressLedger = field(init=False)
     _host_breakers: dict[str, CircuitBreaker] = field(init=False, default_factory=dict)
 
