@@ -1,0 +1,10 @@
+"""Conclave's benchmarks. `scripts/bench` (= `python -m bench`) runs the F6 suite:
+
+- `suite.py`: the run: the panel, the interleaved cells, aggregation, the report, the targets;
+- `cell.py`: one (contender, operating point) measurement in a fresh process;
+- `contenders.py`: Conclave's Python API, `conclave serve` over stdio and HTTP, raw aiohttp, litellm;
+- `common.py`: operating points, the panel's scripts, generated configs, statistics;
+- `panel.py`: the simulated panel in its own process, scripted over its control API;
+- `profile.py`: py-spy / pyinstrument profile of one cell, with Conclave's hot spots named;
+- `providers.py`: the F1 provider-layer figures (also part of the suite's report).
+"""

@@ -1,7 +1,8 @@
 """F1 floor figures: the simulated panel's own maximum rate, and what Conclave's provider
 layer adds per call over a raw aiohttp request for the same body, for each wire kind.
 
-Run: scripts/bench  (or: .venv/bin/python -m bench.providers --calls 1000 --rounds 5)
+Run: .venv/bin/python -m bench.providers --calls 1000 --rounds 5  (`scripts/bench` runs it too,
+as the "provider layer" section of the full suite, `python -m bench`).
 
 The panel runs in its own process at 0 ms latency so its CPU is not counted here. Raw and
 Conclave batches are interleaved round by round and medians reported, so drift on a busy
@@ -13,44 +14,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anyio
 import orjson
 
+from bench.panel import panel_process
 from conclave.config import Config, load_config
 from conclave.http import make_http_client
 from conclave.messages import CompletionRequest
-from conclave.providers import ADAPTERS, ProviderPool
+from conclave.providers import ADAPTERS, ProviderClient, ProviderPool
 from conclave.schemas import data_path
 from conclave.simulated import simulated_config
 from conclave.telemetry import Telemetry
 
 KINDS = ("openai", "anthropic", "gemini")
 REQUEST = CompletionRequest.ask("Which option is best, and why?", max_tokens=64)
-
-
-@contextmanager
-def panel_process() -> Iterator[dict[str, str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "conclave.sim", "--port", "0", "--no-record"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        urls = dict(proc.stdout.readline().split() for _ in KINDS)
-        yield urls
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def timed(n: int, call: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
@@ -78,14 +61,17 @@ async def panel_rate(
     return total / (time.perf_counter() - start)
 
 
-async def run(args: argparse.Namespace) -> None:
-    with panel_process() as urls:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The figures, as the suite stores them (milliseconds per call, medians over rounds)."""
+    with panel_process(0.0) as urls:
         base = load_config(str(data_path("config.yaml")), env={}, dotenv=None)
         config: Config = simulated_config(base, urls)
         telemetry = Telemetry(None)
         async with make_http_client() as http, aiohttp.ClientSession() as session:
             pool = ProviderPool(config, http=http, telemetry=telemetry)
-            clients = {pool.get(name).entry.kind: pool.get(name) for name in config.providers}
+            clients: dict[str, ProviderClient] = {
+                pool.get(name).entry.kind: pool.get(name) for name in config.providers
+            }
             wires = {k: ADAPTERS[k].build(REQUEST, clients[k].entry, None) for k in KINDS}
 
             def raw_call(kind: str) -> Callable[[], Awaitable[Any]]:
@@ -119,30 +105,44 @@ async def run(args: argparse.Namespace) -> None:
                 for c in (16, 64, 256)
             ]
 
+    kinds: dict[str, dict[str, float]] = {}
+    for kind in KINDS:
+        raw = samples[(kind, "raw")]
+        ours = samples[(kind, "conclave")]
+        kinds[kind] = {
+            "raw_ms_per_call": statistics.median(s[0] for s in raw) * 1e3,
+            "conclave_ms_per_call": statistics.median(s[0] for s in ours) * 1e3,
+            "raw_cpu_ms_per_call": statistics.median(s[1] for s in raw) * 1e3,
+            "conclave_cpu_ms_per_call": statistics.median(s[1] for s in ours) * 1e3,
+        }
+        kinds[kind]["overhead_ms"] = kinds[kind]["conclave_ms_per_call"] - kinds[kind]["raw_ms_per_call"]
+    return {
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "kinds": kinds,
+        "panel_rate": {str(c): rate for rate, c in zip(rates, (16, 64, 256), strict=True)},
+        "rate_requests": args.rate_requests,
+    }
+
+
+def report(figures: dict[str, Any]) -> None:
     print(
         f"Conclave provider-layer benchmark (simulated panel, 0 ms latency, its own process; "
-        f"{args.rounds} interleaved rounds x {args.calls} sequential calls, medians)"
+        f"{figures['rounds']} interleaved rounds x {figures['calls']} sequential calls, medians)"
     )
     print(
         f"{'kind':<10} {'raw aiohttp ms/call':>20} {'conclave ms/call':>17} {'overhead ms':>12} "
         f"{'raw CPU ms':>11} {'conclave CPU ms':>16}"
     )
-    for kind in KINDS:
-        raw = samples[(kind, "raw")]
-        ours = samples[(kind, "conclave")]
-        raw_wall = statistics.median(s[0] for s in raw) * 1e3
-        our_wall = statistics.median(s[0] for s in ours) * 1e3
-        raw_cpu = statistics.median(s[1] for s in raw) * 1e3
-        our_cpu = statistics.median(s[1] for s in ours) * 1e3
+    for kind, row in figures["kinds"].items():
         print(
-            f"{kind:<10} {raw_wall:>20.3f} {our_wall:>17.3f} {our_wall - raw_wall:>12.3f} "
-            f"{raw_cpu:>11.3f} {our_cpu:>16.3f}"
+            f"{kind:<10} {row['raw_ms_per_call']:>20.3f} {row['conclave_ms_per_call']:>17.3f} "
+            f"{row['overhead_ms']:>12.3f} {row['raw_cpu_ms_per_call']:>11.3f} "
+            f"{row['conclave_cpu_ms_per_call']:>16.3f}"
         )
     print(
-        f"panel max rate (raw aiohttp client, {args.rate_requests} requests): "
-        + ", ".join(
-            f"{rate:,.0f} req/s at concurrency {c}" for rate, c in zip(rates, (16, 64, 256), strict=True)
-        )
+        f"panel max rate (raw aiohttp client, {figures['rate_requests']} requests): "
+        + ", ".join(f"{rate:,.0f} req/s at concurrency {c}" for c, rate in figures["panel_rate"].items())
     )
 
 
@@ -153,8 +153,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per batch")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--rate-requests", type=int, default=5000, help="requests per panel-rate point")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
-    anyio.run(run, args)
+    figures = anyio.run(measure, args)
+    report(figures)
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -35,8 +36,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"conclave: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an unwritable event log, a full disk: one line, never a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"conclave: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above zero (NaN would never time out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check against the built-in simulated panel (no API key needed)",
     )
-    doctor.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    doctor.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="SECONDS")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=cmd_doctor)
 
@@ -320,7 +336,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    source = sys.stdin.read() if args.checks == "-" else Path(args.checks).read_text(encoding="utf-8")
+    try:
+        source = sys.stdin.read() if args.checks == "-" else Path(args.checks).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        print(f"conclave verify: cannot read {args.checks}: {reason}", file=sys.stderr)
+        return 2
     try:
         parsed = orjson.loads(source)
     except orjson.JSONDecodeError as exc:

@@ -307,6 +307,24 @@ def _validate(raw: dict[str, Any], path: Path) -> None:
         where = json_path(error).removeprefix("$.") if error.absolute_path else "(top level)"
         raise ConfigError(f"config: {where}: {_explain(error)} (in {path})")
     _check_references(raw, path)
+    _check_paths(raw, path)
+
+
+def _check_paths(raw: dict[str, Any], path: Path) -> None:
+    """The event log must be a file and the transcripts folder a folder: caught here as one line,
+    not later as a traceback from the first write."""
+    telemetry, transcripts = raw.get("telemetry", {}), raw.get("transcripts", {})
+    log = Path(telemetry.get("path", Telemetry().path)).expanduser()
+    if telemetry.get("enabled", True) and log.is_dir():
+        raise ConfigError(
+            f"config: telemetry.path: {str(log)!r} is a directory; name the event log file, "
+            f"e.g. {str(log / 'events.ndjson')!r} (in {path})"
+        )
+    folder = Path(transcripts.get("dir", Transcripts().dir)).expanduser()
+    if transcripts.get("enabled", True) and folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"config: transcripts.dir: {str(folder)!r} is a file, not a folder; name a folder (in {path})"
+        )
 
 
 def _explain(error: Any) -> str:

@@ -7,9 +7,11 @@ was never configured here (a provider may echo back a key it was sent by someone
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 REDACTED = "[REDACTED]"
 SENSITIVE_KEYS = frozenset(
@@ -31,7 +33,7 @@ _CREDENTIAL_SHAPES = re.compile(
     r"|\bsk-[A-Za-z0-9_-]{16,}"
     r"|\bAIza[0-9A-Za-z_-]{30,}"
     r"|\bxai-[A-Za-z0-9]{20,}"
-    r"|([?&]key=)[^&\s\"']+"
+    r"|([?&]key=)[^&\s\"'\\]+"
 )
 
 
@@ -54,9 +56,11 @@ class Redactor:
     """Replaces known secret values and credential-shaped strings with a marker."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        # Longest first so a key that contains another is replaced whole; short values
-        # (< 8 chars) would redact ordinary words and are not real keys anyway.
-        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+        # Each key in every spelling a provider may echo it back in (`spellings`), longest first
+        # so a key that contains another is replaced whole; short values (< 8 chars) would
+        # redact ordinary words and are not real keys anyway.
+        forms = {form for s in secrets if len(s) >= 8 for form in spellings(s)}
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     def text(self, value: str) -> str:
         for secret in self._secrets:
@@ -93,6 +97,23 @@ class Redactor:
         if key.lower() in SENSITIVE_KEYS and isinstance(value, str) and value:
             return REDACTED
         return self.value(value)
+
+
+def spellings(secret: str) -> set[str]:
+    """`secret` as is, URL-encoded, hex, and base64 (standard and URL-safe, with and without
+    padding). Base64 also at the key's other two byte alignments, as inside a longer encoded
+    blob (`Basic base64(user:key)`): the part of the encoding that depends on the key alone."""
+    raw = secret.encode("utf-8")
+    forms = {secret, quote(secret, safe=""), quote_plus(secret), raw.hex(), raw.hex().upper()}
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        for offset in range(3):
+            encoded = encode(b"\0" * offset + raw).decode("ascii")
+            if not offset:
+                forms.add(encoded.rstrip("="))
+            # Skip the characters mixing in the bytes before the key and the last group,
+            # which mixes in whatever follows it.
+            forms.add(encoded[4 if offset else 0 : -4])
+    return {form for form in forms if len(form) >= 8}
 
 
 def _mask_match(match: re.Match[str]) -> str:

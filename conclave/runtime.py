@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from conclave.config import Config
+from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.http import ProviderTransport, make_http_client
 from conclave.providers import ProviderPool
 from conclave.telemetry import Telemetry
@@ -27,6 +28,7 @@ class Runtime:
     tools: ToolRegistry
     tool_context: ToolContext
     worker: WorkerLoop
+    transcripts: TranscriptWriter | None = None
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         return await self.tools.call(name, args, self.tool_context)
@@ -43,6 +45,11 @@ async def open_runtime(
         secrets=config.secrets.values(),
     )
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
+    writer = (
+        TranscriptWriter(config.transcripts.dir, telemetry.redactor, fsync=config.transcripts.fsync)
+        if config.transcripts.enabled
+        else None
+    )
     provider_transport = transport or ProviderTransport(max_connections=config.limits.max_concurrency * 4)
     try:
         async with http, provider_transport:
@@ -55,6 +62,7 @@ async def open_runtime(
                 providers=ProviderPool(config, http=http, telemetry=telemetry, transport=provider_transport),
                 tools=tools,
                 tool_context=tool_context,
+                transcripts=writer,
                 worker=WorkerLoop(
                     registry=tools,
                     tool_context=tool_context,
@@ -63,4 +71,6 @@ async def open_runtime(
                 ),
             )
     finally:
+        if writer is not None:
+            writer.close()
         telemetry.close()

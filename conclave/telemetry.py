@@ -99,7 +99,9 @@ class Telemetry:
     def emit(self, event: str, **fields: Any) -> None:
         if self.path is not None:  # no file: nothing to build
             self._log.msg(event, **fields)
-            if event in _FLUSH_AFTER:
+            # Outside a session (a direct tool call, a server error) no session_end will come to
+            # flush it, and the server may sit idle for hours: write it out now.
+            if event in _FLUSH_AFTER or "session_id" not in get_contextvars():
                 self._sink.flush()
 
     def flush(self) -> None:

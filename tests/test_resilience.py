@@ -238,7 +238,7 @@ async def test_dropped_connection_is_reported_as_dropped(
 async def test_retries_stop_when_the_next_wait_would_pass_the_deadline(
     make_config: Callable[..., Config], clock: FakeClock
 ) -> None:
-    with pytest.raises(DeadlineExceeded) as info:
+    with pytest.raises(TransientProviderError) as info:
         await run(
             make_config,
             clock,
@@ -249,16 +249,31 @@ async def test_retries_stop_when_the_next_wait_would_pass_the_deadline(
     # attempt 1 at t=0, wait 0.4, attempt 2 at t=0.4; the next wait (0.8) would end past t=1.0.
     assert clock.slept == [0.4]
     assert len(info.value.transport.requests) == 2  # type: ignore[attr-defined]
-    assert "deadline" in info.value.message
-    assert info.value.status == 503
+    # The provider's own answer is kept (not a timeout: nothing timed out), with why we stopped.
+    assert (info.value.code, info.value.status) == ("unavailable", 503)
+    assert "deadline left no time to retry" in info.value.message
 
 
-async def test_a_retry_after_past_the_deadline_is_not_waited_for(
+async def test_a_retry_after_past_the_deadline_is_not_waited_for_and_keeps_the_hint(
+    make_config: Callable[..., Config], clock: FakeClock
+) -> None:
+    with pytest.raises(RateLimited) as info:
+        await run(make_config, clock, status(429, {"retry-after": "30"}), "openai_basic", deadline_in=10)
+    assert clock.slept == []
+    assert info.value.retry_after == 30.0
+
+
+async def test_a_timeout_whose_retry_would_pass_the_deadline_is_deadline_exceeded(
     make_config: Callable[..., Config], clock: FakeClock
 ) -> None:
     with pytest.raises(DeadlineExceeded):
-        await run(make_config, clock, status(429, {"retry-after": "30"}), "openai_basic", deadline_in=10)
-    assert clock.slept == []
+        await run(
+            make_config,
+            clock,
+            raise_(httpx.ReadTimeout("slow")),
+            retry={"max_attempts": 5, "initial_delay_seconds": 5, "max_delay_seconds": 10},
+            deadline_in=1.0,
+        )
 
 
 async def test_a_call_whose_deadline_has_passed_sends_nothing(

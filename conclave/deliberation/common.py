@@ -3,6 +3,7 @@ worker turns, degraded reasons, totals and the worker_tools block."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -276,3 +277,15 @@ def _aggregate_cap(cap: CostCap, blocks: Mapping[str, dict[str, object]], breakd
     if exceeded and cap.mode == "warn":
         aggregate["operator_prompt"] = OPERATOR_PROMPT.format(cap=cap.cap_usd or 0.0, observed=observed)
     return aggregate
+
+
+def close_cancelled_session(runtime: Runtime, tool: str, started: float) -> None:
+    """A cancelled call still closes its session in the event log, so nothing built on the
+    log mistakes it for a call still running."""
+    runtime.telemetry.emit(
+        "session_end",
+        tool=tool,
+        status="cancelled",
+        usage=Usage().to_dict(),
+        duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
+    )

@@ -14,6 +14,7 @@ from conclave.deliberation.common import (
     ProgressSink,
     Session,
     ToolPlan,
+    close_cancelled_session,
     merged_warnings,
     run_turn,
     timed_out,
@@ -23,7 +24,7 @@ from conclave.deliberation.common import (
     worker_tools_block,
 )
 from conclave.deliberation.plan import TurnShape, planned_call, summarize
-from conclave.deliberation.transcripts import save_transcript
+from conclave.errors import InvalidArguments
 from conclave.runtime import Runtime
 from conclave.schemas import check_arguments
 from conclave.telemetry import session as bind_session
@@ -35,9 +36,19 @@ async def confer(
     runtime: Runtime, args: Mapping[str, Any], *, progress: ProgressSink | None = None
 ) -> dict[str, Any]:
     check_arguments("confer.input.json", args, tool="confer")
+    if not (args.get("providers") or runtime.config.panel):
+        raise InvalidArguments(
+            "no providers to ask: the configured panel is empty; pass `providers` or set `panel`",
+            path="$.providers",
+            tool="confer",
+        )
     call = _Confer(runtime, args, progress)
     with bind_session(call.session.id):
-        return await call.run()
+        try:
+            return await call.run()
+        except anyio.get_cancelled_exc_class():
+            close_cancelled_session(runtime, "confer", call.started)
+            raise
 
 
 class _Confer:
@@ -65,9 +76,9 @@ class _Confer:
             question=self.args["question"],
         )
         if self.args.get("dry_run"):
-            return await self._finish(self._dry_run())
+            return self._finish(self._dry_run())
         answers = await self._ask_everyone()
-        return await self._finish(self._result(answers), answers)
+        return self._finish(self._result(answers), answers)
 
     async def _ask_everyone(self) -> list[Answer]:
         done: dict[str, Answer] = {}
@@ -158,10 +169,10 @@ class _Confer:
         result.update(dry_run=True, plan=summarize(calls))
         return result
 
-    async def _finish(self, result: dict[str, Any], answers: list[Answer] | None = None) -> dict[str, Any]:
+    def _finish(self, result: dict[str, Any], answers: list[Answer] | None = None) -> dict[str, Any]:
         runtime = self.runtime
         path = None
-        if runtime.config.transcripts.enabled and answers is not None:
+        if runtime.transcripts is not None and answers is not None:
             payload = {
                 "tool": "confer",
                 "session_id": self.session.id,
@@ -169,16 +180,7 @@ class _Confer:
                 "result": result,
                 "hops": {a.provider: a.exchanges for a in answers},
             }
-            path = str(
-                await save_transcript(
-                    runtime.config.transcripts.dir,
-                    self.session.id,
-                    "confer",
-                    payload,
-                    runtime.telemetry.redactor,
-                    fsync=runtime.config.transcripts.fsync,
-                )
-            )
+            path = str(runtime.transcripts.submit(self.session.id, "confer", payload))
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")
         runtime.telemetry.emit(
             "session_end",

@@ -17,6 +17,7 @@ from conclave.deliberation.common import (
     ProgressSink,
     Session,
     ToolPlan,
+    close_cancelled_session,
     merged_warnings,
     run_turn,
     timed_out,
@@ -34,7 +35,6 @@ from conclave.deliberation.roles import (
     role_system,
     synthesizer_prompt,
 )
-from conclave.deliberation.transcripts import save_transcript
 from conclave.messages import Message
 from conclave.runtime import Runtime
 from conclave.schemas import check_arguments
@@ -52,7 +52,11 @@ async def coordinate(
     check_arguments("coordinate.input.json", args, tool="coordinate")
     debate = _Debate(runtime, args, progress)
     with bind_session(debate.session.id):
-        return await debate.run()
+        try:
+            return await debate.run()
+        except anyio.get_cancelled_exc_class():
+            close_cancelled_session(runtime, "coordinate", debate.started)
+            raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,13 +104,13 @@ class _Debate:
             task=self.args["task"],
         )
         if self.args.get("dry_run"):
-            return await self._finish(self._dry_run())
+            return self._finish(self._dry_run())
         rounds: list[tuple[Answer | None, list[Answer]]] = []
         with anyio.CancelScope(deadline=self.deadline):
             await self._debate(rounds)
         debated = bool(rounds) and rounds[-1][0] is not None and rounds[-1][0].envelope is not None
         synthesis = await self._synthesize(rounds) if debated else None
-        return await self._finish(self._result(rounds, synthesis))
+        return self._finish(self._result(rounds, synthesis))
 
     # -- the debate ------------------------------------------------------------------------------------
 
@@ -392,10 +396,10 @@ class _Debate:
         )
         return result
 
-    async def _finish(self, result: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, result: dict[str, Any]) -> dict[str, Any]:
         runtime = self.runtime
         path = None
-        if runtime.config.transcripts.enabled and not result.get("dry_run"):
+        if runtime.transcripts is not None and not result.get("dry_run"):
             payload = {
                 "tool": "coordinate",
                 "session_id": self.session.id,
@@ -406,16 +410,7 @@ class _Debate:
                     for a in self.all_answers
                 ],
             }
-            path = str(
-                await save_transcript(
-                    runtime.config.transcripts.dir,
-                    self.session.id,
-                    "coordinate",
-                    payload,
-                    runtime.telemetry.redactor,
-                    fsync=runtime.config.transcripts.fsync,
-                )
-            )
+            path = str(runtime.transcripts.submit(self.session.id, "coordinate", payload))
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")
         runtime.telemetry.emit(
             "session_end",

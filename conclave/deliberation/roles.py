@@ -22,6 +22,7 @@ from string import Template
 from typing import Any, Literal, NoReturn, get_args
 
 from conclave.schemas import first_error, json_path, load_schema
+from conclave.worker.untrusted import neutralize
 
 Role = Literal["proposer", "critic", "synthesizer"]
 ROLES: tuple[Role, ...] = get_args(Role)
@@ -81,6 +82,12 @@ def _fenced(value: Any) -> str:
     return f"```json\n{_dumps(value)}\n```"
 
 
+def _fenced_model_output(value: Any) -> str:
+    """Another model's envelope, quoted: a critic steered by a hostile page must not pass
+    forged markup or chat-template tokens on to the synthesizer (defanged, still valid JSON)."""
+    return f"```json\n{neutralize(_dumps(value))}\n```"
+
+
 def _task_block(task: str, context: str | None) -> str:
     data = {"task": task} if not context else {"task": task, "context": context}
     return _fenced(data)
@@ -124,8 +131,8 @@ def proposer_prompt(
     return _fill(
         "proposer_revision.user",
         task=task_block,
-        proposal=_fenced(previous),
-        critiques=_fenced(_critiques(critiques)),
+        proposal=_fenced_model_output(previous),
+        critiques=_fenced_model_output(_critiques(critiques)),
     )
 
 
@@ -137,7 +144,7 @@ def critic_prompt(task: str, context: str | None, proposal: Mapping[str, Any], *
         "critic.user",
         round_number=str(round_number),
         task=_task_block(task, context),
-        proposal=_fenced(proposal),
+        proposal=_fenced_model_output(proposal),
     )
 
 
@@ -151,15 +158,15 @@ def synthesizer_prompt(
     return _fill(
         "synthesizer.user",
         task=_task_block(task, context),
-        proposal=_fill("no_proposal") if proposal is None else _fenced(proposal),
-        critiques=_fenced(_critiques(critiques)),
+        proposal=_fill("no_proposal") if proposal is None else _fenced_model_output(proposal),
+        critiques=_fenced_model_output(_critiques(critiques)),
     )
 
 
 def reprompt(role: Role, error: str) -> str:
     """The single re-prompt after an invalid reply, quoting the validator's error (as a JSON string)."""
     _schema_name(role)
-    return _fill("reprompt", role=role, error=_fenced(_clip(error, 4 * MAX_ERROR_CHARS)))
+    return _fill("reprompt", role=role, error=_fenced_model_output(_clip(error, 4 * MAX_ERROR_CHARS)))
 
 
 # ---------------------------------------------------------------- parsing

@@ -1,18 +1,26 @@
 """Transcripts: each confer/coordinate call saved whole, written atomically (temp file in the
-same directory, fsync, rename), so a crash mid-write never leaves a partial file behind."""
+same directory, optional fsync, rename), so a crash mid-write never leaves a partial file behind.
+
+Calls hand their transcript to one background writer thread (`TranscriptWriter`) and return at
+once: waiting for the disk on the result path cost more than the rest of a call's bookkeeping.
+The payload is serialized and redacted before it is queued, so later changes to the result
+cannot reach the file; closing the writer drains the queue.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import itertools
 import os
+import queue
+import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
 import orjson
 
 from conclave.redact import Redactor
@@ -36,19 +44,42 @@ def write_transcript(
     return path
 
 
-async def save_transcript(
-    directory: str | Path,
-    session_id: str,
-    tool: str,
-    payload: Mapping[str, Any],
-    redactor: Redactor,
-    *,
-    fsync: bool = False,
-) -> Path:
-    """`write_transcript` in a worker thread: disk writes and fsync never stall the event loop."""
-    return await anyio.to_thread.run_sync(
-        functools.partial(write_transcript, directory, session_id, tool, payload, redactor, fsync=fsync)
-    )
+class TranscriptWriter:
+    def __init__(self, directory: str | Path, redactor: Redactor, *, fsync: bool = False) -> None:
+        self._directory = Path(directory)
+        self._redactor = redactor
+        self._fsync = fsync
+        self._queue: queue.SimpleQueue[tuple[Path, bytes] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._sequence = itertools.count()
+        self.failures = 0
+
+    def submit(self, session_id: str, tool: str, payload: Mapping[str, Any]) -> Path:
+        """Queue one transcript; returns the path it will have."""
+        now = datetime.now(UTC)
+        name = f"{session_id}-{tool}-{now.strftime('%H%M%S%f')}-{next(self._sequence):04d}.json"
+        path = self._directory / now.strftime("%Y-%m-%d") / name
+        body = self._redactor.json_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2, default=str))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="conclave-transcripts", daemon=True)
+            self._thread.start()
+        self._queue.put((path, body))
+        return path
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            path, body = item
+            try:
+                atomic_write(path, _chunks(body), fsync=self._fsync)
+            except OSError as exc:  # a full disk must not kill the writer; say so where people look
+                self.failures += 1
+                print(f"conclave: transcript {path} not written: {exc}", file=sys.stderr)
 
 
 def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> None:

@@ -138,8 +138,11 @@ class ProviderClient:
         budget = min(remaining, self._retry.attempt_timeout_seconds)
         try:
             with anyio.fail_after(budget):
-                async with self._limiter:
+                await self._acquire_slot()
+                try:
                     status, headers, body = await self._post(wire, budget)
+                finally:
+                    self._limiter.release()
         except TimeoutError as exc:
             if budget < remaining:
                 raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name) from exc
@@ -147,6 +150,13 @@ class ProviderClient:
                 f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
             ) from exc
         return self._read(status, headers, body)
+
+    async def _acquire_slot(self) -> None:
+        """Uncontended, take a slot without the two event-loop round trips `acquire()` makes."""
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._limiter.acquire()
 
     async def _post(self, wire: WireRequest, seconds: float) -> tuple[int, Headers, bytes]:
         """The HTTP exchange, straight on the transport: provider calls need none of the
@@ -329,7 +339,9 @@ class _CallRetryPolicy:
             return exc
         exc.message = explain_give_up(exc, self.decision, self.attempts)
         exc.args = (exc.message,)
-        if self.decision.reason == "deadline" and not isinstance(exc, DeadlineExceeded):
+        # Only a timeout becomes a deadline error: a 429 or 503 whose wait would pass the deadline
+        # is still the provider's answer, and its retry hint is what the caller needs.
+        if self.decision.reason == "deadline" and isinstance(exc, ProviderTimeout):
             return DeadlineExceeded(exc.message, provider=exc.provider, status=exc.status)
         return exc
 

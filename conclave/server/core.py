@@ -46,21 +46,23 @@ class Server:
         self.tools: dict[str, ServerTool] = server_tools(runtime)
         self.page_size = page_size
         self.protocol_version: str | None = None
-        self._in_flight: dict[RequestId, anyio.CancelScope] = {}
+        self._in_flight: dict[tuple[object, RequestId], anyio.CancelScope] = {}
 
-    async def handle_message(self, message: Any, send: Send) -> Any:
+    async def handle_message(self, message: Any, send: Send, *, connection: object = None) -> Any:
         """One decoded message (object or batch); returns what to send back, or None."""
         if isinstance(message, list):
-            return await self._batch(message, send)
-        return await self._one(message, send)
+            return await self._batch(message, send, connection)
+        return await self._one(message, send, connection)
 
-    async def _batch(self, messages: list[Any], send: Send) -> list[Any] | dict[str, Any] | None:
+    async def _batch(
+        self, messages: list[Any], send: Send, connection: object
+    ) -> list[Any] | dict[str, Any] | None:
         if not messages:
             return error_response(None, RpcError(INVALID_REQUEST, "Invalid Request: empty batch"))
         replies: list[Any] = [None] * len(messages)
 
         async def run(index: int, message: Any) -> None:
-            replies[index] = await self._one(message, send)
+            replies[index] = await self._one(message, send, connection)
 
         async with anyio.create_task_group() as group:
             for index, message in enumerate(messages):
@@ -68,20 +70,21 @@ class Server:
         answered = [r for r in replies if r is not None]
         return answered or None
 
-    async def _one(self, message: Any, send: Send) -> dict[str, Any] | None:
+    async def _one(self, message: Any, send: Send, connection: object) -> dict[str, Any] | None:
         parsed = classify(message)
         if parsed is None:
             return None
         if isinstance(parsed, Invalid):
             return error_response(parsed.id, parsed.error)
         if parsed.is_notification:
-            await self._notification(parsed)
+            await self._notification(parsed, connection)
             return None
-        return await self._request(parsed, send)
+        return await self._request(parsed, send, connection)
 
-    async def _request(self, request: Request, send: Send) -> dict[str, Any] | None:
+    async def _request(self, request: Request, send: Send, connection: object) -> dict[str, Any] | None:
         scope = anyio.CancelScope()
-        self._in_flight[request.id] = scope
+        key = (connection, request.id)  # ids are only unique per connection (each client counts from 1)
+        self._in_flight[key] = scope
         try:
             with scope:
                 return response(request.id, await self._dispatch(request, send))
@@ -91,13 +94,17 @@ class Server:
                 request.id, to_rpc_error(exc, method=request.method, telemetry=self.runtime.telemetry)
             )
         finally:
-            self._in_flight.pop(request.id, None)
+            self._in_flight.pop(key, None)
 
-    async def _notification(self, note: Request) -> None:
+    async def _notification(self, note: Request, connection: object) -> None:
         if note.method == "notifications/cancelled" and isinstance(note.params, dict):
-            scope = self._in_flight.get(note.params.get("requestId"))
-            if scope is not None:
-                scope.cancel()
+            target = note.params.get("requestId")
+            # Only a string or an integer can name a request in flight. Anything else (an array or
+            # an object is not even hashable) is ignored, like every malformed notification.
+            if isinstance(target, str) or (isinstance(target, int) and not isinstance(target, bool)):
+                scope = self._in_flight.get((connection, target))
+                if scope is not None:
+                    scope.cancel()
         # notifications/initialized and anything else: nothing to answer, ever
 
     async def _dispatch(self, request: Request, send: Send) -> Any:

@@ -15,7 +15,14 @@ from aiohttp import web
 from conclave.config import Config
 from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import SUPPORTED_VERSIONS, Server
-from conclave.server.jsonrpc import INVALID_REQUEST, PARSE_ERROR, RpcError, decode, error_response
+from conclave.server.jsonrpc import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    RpcError,
+    decode,
+    error_response,
+    to_rpc_error,
+)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -83,13 +90,19 @@ def _check_origin(request: web.Request, allowed: frozenset[str]) -> web.Response
 async def _exchange(server: Server, request: web.Request, *, notifications_status: int) -> web.StreamResponse:
     try:
         message = decode(await request.read())
-    except RpcError as error:
-        return _json(error_response(None, error), status=400)
+    except RpcError as parse_error:
+        return _json(error_response(None, parse_error), status=400)
     except web.HTTPRequestEntityTooLarge:
         return _json(error_response(None, RpcError(PARSE_ERROR, "Parse error: body too large")), status=413)
     if _wants_stream(request, message):
         return await _stream(server, request, message)
-    reply = await server.handle_message(message, _drop)
+    try:
+        reply = await server.handle_message(message, _drop, connection=object())
+    except (
+        Exception
+    ) as exc:  # the stdio server's safety net: a JSON-RPC error body, not aiohttp's plain-text 500
+        failure = to_rpc_error(exc, method="(http)", telemetry=server.runtime.telemetry)
+        return _json(error_response(None, failure), status=500)
     if reply is None:
         return web.Response(status=notifications_status)
     return _json(reply)
@@ -108,6 +121,8 @@ def _wants_stream(request: web.Request, message: Any) -> bool:
 
 
 async def _stream(server: Server, request: web.Request, message: Any) -> web.StreamResponse:
+    # Each HTTP request is its own connection for request ids: a client cancels by hanging up
+    # (aiohttp then cancels the handler); a cancel notification from another POST cannot reach it.
     """SSE: progress notifications as they happen, then the response, then the stream ends."""
     stream = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
     await stream.prepare(request)
@@ -115,7 +130,7 @@ async def _stream(server: Server, request: web.Request, message: Any) -> web.Str
     async def send(note: Any) -> None:
         await stream.write(b"event: message\ndata: " + orjson.dumps(note) + b"\n\n")
 
-    reply = await server.handle_message(message, send)
+    reply = await server.handle_message(message, send, connection=object())
     if reply is not None:
         await send(reply)
     await stream.write_eof()

@@ -19,7 +19,14 @@ import orjson
 from conclave.config import Config
 from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import Server
-from conclave.server.jsonrpc import PARSE_ERROR, RpcError, decode, error_response
+from conclave.server.jsonrpc import (
+    PARSE_ERROR,
+    RequestId,
+    RpcError,
+    decode,
+    error_response,
+    to_rpc_error,
+)
 
 MAX_LINE_BYTES = 32 * 1024 * 1024
 ReadLine = Callable[[int], Awaitable[bytes]]
@@ -62,9 +69,17 @@ async def serve_lines(
         except RpcError as error:
             await send(error_response(None, error))
             return
-        reply = await server.handle_message(message, send)
-        if reply is not None:
-            await send(reply)
+        try:
+            reply = await server.handle_message(message, send)
+            data = None if reply is None else orjson.dumps(reply) + b"\n"
+        except Exception as exc:
+            # A bug costs this message its reply (a -32603 whose error_id finds the traceback in
+            # the event log), never the server: an exception here would end the task group.
+            internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.runtime.telemetry)
+            data = orjson.dumps(error_response(_id_of(message), internal)) + b"\n"
+        if data is not None:
+            async with lock:
+                await write(data)
 
     async with anyio.create_task_group() as group:
         while True:
@@ -81,6 +96,17 @@ async def serve_lines(
                 continue
             if line.strip():
                 group.start_soon(handle, line)
+
+
+def _method_of(message: Any) -> str:
+    method = message.get("method") if isinstance(message, dict) else None
+    return method if isinstance(method, str) else "(batch)" if isinstance(message, list) else "(unknown)"
+
+
+def _id_of(message: Any) -> RequestId:
+    found = message.get("id") if isinstance(message, dict) else None
+    valid = isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool))
+    return found if valid else None
 
 
 async def _discard_rest(read_line: ReadLine) -> None:

@@ -44,6 +44,7 @@ class Reply:
     error_message: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     retry_delay: str | None = None
+    quota_id: str | None = None  # Gemini: a QuotaFailure violation (`...PerDay...` is sticky)
     fault: Fault | None = None
     finish_reason: FinishReason = "stop"
     latency_ms: float | None = None
@@ -183,6 +184,7 @@ _REPLY_TYPES: dict[str, tuple[type, ...]] = {
     "error_message": _STR_OR_NONE,
     "headers": (dict,),
     "retry_delay": _STR_OR_NONE,
+    "quota_id": _STR_OR_NONE,
     "fault": _STR_OR_NONE,
     "finish_reason": (str,),
     "latency_ms": _NUMBER_OR_NONE,

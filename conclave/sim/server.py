@@ -185,6 +185,7 @@ class SimPanel:
                 message=reply.error_message,
                 error_type=reply.error_type,
                 retry_delay=reply.retry_delay,
+                quota_id=reply.quota_id,
             )
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
         answer = build_answer(parsed, reply, call=call, seq=seq)

@@ -51,6 +51,7 @@ class ErrorSpec:
     param: str | None = None
     code: str | None = None
     retry_delay: str | None = None
+    quota_id: str | None = None  # Gemini only: rendered as a QuotaFailure violation
 
 
 class WireError(Exception):
@@ -516,6 +517,18 @@ def _gemini_error(spec: ErrorSpec, model: str) -> bytes:
         _GEMINI_BY_STATUS.get(spec.status) or _GEMINI_BY_STATUS[_fallback_status(spec.status)]
     )
     details: list[dict[str, Any]] = []
+    if spec.quota_id is not None:
+        details.append(
+            {
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                "violations": [
+                    {
+                        "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                        "quotaId": spec.quota_id,
+                    }
+                ],
+            }
+        )
     if spec.retry_delay is not None:
         details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": spec.retry_delay})
     error = {

@@ -11,6 +11,7 @@ With no worker tools the turn is exactly one plain call: no hint, no parsing.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ class WorkerLoop:
             if isinstance(found, TagError):
                 raise ToolRefused(found.detail, reason="parse_error")
             args = self._vetted_args(state, found, hop)
+            self._check_smuggling(state, found)
             state.cost.check_tool_call()
             result = await self._registry.call(found.name, args, self._tool_context)
         except ToolRefused as exc:
@@ -204,6 +206,19 @@ class WorkerLoop:
             )
             raise _SchemaRefusal(exc) from None
         return {**call.args, "session_id": state.turn.session_id}
+
+    def _check_smuggling(self, state: _TurnState, call: ToolCall) -> None:
+        """The canary or a nonce in a tool call's arguments is a leak on its way out (e.g. a URL
+        query to an attacker's server): flag it and never send it."""
+        secrets = [state.turn.canary, *state.nonces] if state.turn.canary else state.nonces
+        leaked = leaks(json.dumps(call.args, ensure_ascii=False), secrets)
+        if leaked:
+            if "canary_leak" not in state.outcome.warnings:
+                state.outcome.warnings.append("canary_leak")
+            self._emit("canary_leak", state, what="canary" if state.turn.canary in leaked else "nonce")
+            raise ToolRefused(
+                "the call's arguments carry a confidential marker; it was not run", reason="canary_leak"
+            )
 
     def _refused(
         self, state: _TurnState, hop: int, name: str | None, nonce: str, exc: ToolRefused, started: float

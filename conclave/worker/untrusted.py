@@ -20,9 +20,13 @@ folded character maps back to exactly one original character (or one escape):
 - look-alikes folded to ASCII: ``‹ 〈 ⟨ ˂ ᐸ ❮ ❬ ❰ ⧼ ⦑`` → ``<`` (``« ⟪ ≪`` → ``<<``) and mirrors,
   ``⁅ ⟦ 〚 【 〔 ❲`` → ``[`` and mirrors, ``¦ │ ∣ ǀ`` → ``|``, ``⁄ ∕ ⧸`` → ``/``, and the Cyrillic
   and Greek letters that look Latin (``</untrusted_іnput>`` with a Cyrillic ``і``);
+- Unicode tag characters (U+E0020–U+E007E) are invisible mirrors of ASCII, used to smuggle text past
+  people; a model reads them. Text holding any is matched a second time, on a view where each one
+  is the ASCII character it spells, so a token spelled in them is caught as well as one they split;
 - escapes decoded once, since a model reads them as the characters: HTML character references
   (``&lt;``, ``&#60;``, ``&#x3c;``, ``&lsaquo;``, legacy ``&lt`` without the semicolon…) and
-  backslash escapes (``\\u003c`` as Go's JSON encoder writes ``<``, ``\\x3c``, ``\\U0000003c``).
+  backslash escapes (``\\u003c`` as Go's JSON encoder writes ``<``, ``\\x3c``, ``\\U0000003c``,
+  and ``\\/`` as PHP's ``json_encode`` writes ``/``).
 
 Matching is case-insensitive. Each match in the folded view is mapped back to the span of the
 original text it came from, and that span is replaced by ``⚠`` followed by the *folded* match
@@ -50,12 +54,15 @@ as BOS). So is ``<ToolCall>`` without a separator (``Vec<ToolCall>`` in SDK docs
 
 from __future__ import annotations
 
+import base64
+import codecs
 import html.entities
 import json
 import re
 import secrets as _secrets
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -74,6 +81,11 @@ DEFANG_MARK = "⚠"
 TRUNCATION_MARKER = "\n[conclave: result truncated — {full} bytes in full, first {kept} bytes shown]"
 
 _MAX_PASSES = 8
+_CANARY_PREFIX = "CANARY-"
+_LOOSE_MIN_CHARS = 12  # shorter secrets are only looked for as (disguised) copies
+_URLSAFE = str.maketrans("+/", "-_")
+_PIECE_MIN = 4  # a secret cut into pieces: each piece this long at least
+_PIECE_GAP = 24  # and at most this many letters and digits between two pieces
 _MAX_DETAIL_CHARS = 2048
 # Content far larger than the cut is trimmed before neutralization (which is linear but done in
 # Python); neutralizing a prefix is always safe, it only bounds the work.
@@ -105,6 +117,11 @@ _LOOKALIKES: dict[str, str] = {
 
 # Invisible characters that are not format (Cf) or combining (Mn/Me) characters.
 _EXTRA_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u180e\u2800")
+# Unicode tag characters U+E0020-U+E007E mirror printable ASCII invisibly ("ASCII smuggling"). They
+# are invisible, so they can split a token (`</untru<tag A>sted_input>`), and a model reads them, so
+# they can spell one (`<tag <><tag />...`): text holding any is matched in both views.
+_TAG_ASCII_FIRST, _TAG_ASCII_LAST = 0xE0020, 0xE007E
+_TAG_ASCII = re.compile("[\U000e0020-\U000e007e]")
 
 
 def _is_invisible(ch: str) -> bool:
@@ -121,19 +138,26 @@ def _fold_char(ch: str) -> str:
     return "".join(_LOOKALIKES.get(c, c) for c in unicodedata.normalize("NFC", bare))
 
 
+def _fold_char_spelled(ch: str) -> str:
+    """`_fold_char`, except that a tag character folds to the ASCII character it mirrors."""
+    code = ord(ch)
+    return chr(code - 0xE0000) if _TAG_ASCII_FIRST <= code <= _TAG_ASCII_LAST else _fold_char(ch)
+
+
 # A character reference (`&lt;`, `&#60;`, `&#x3c;`, legacy `&lt`) or a backslash escape as JSON,
 # JavaScript or Python would write it (`\u003c`, `\x3c`, `\U0000003c`; Go's JSON encoder
-# writes `<` as `\u003c`). A run of backslashes is taken whole so that a JSON text stays valid.
+# writes `<` as `\u003c`; PHP's json_encode and many others write `/` as `\/`, so `</x>` arrives
+# as `<\/x>`). A run of backslashes is taken whole so that a JSON text stays valid.
 _ESCAPE = re.compile(
     r"&(?:#[xX]([0-9a-fA-F]+);?|#([0-9]+);?|([A-Za-z][A-Za-z0-9]{0,31})(;?))"
-    r"|(?<!\\)\\+(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|U([0-9a-fA-F]{8}))"
+    r"|(?<!\\)\\+(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|U([0-9a-fA-F]{8})|(/))"
 )
 _HTML5 = html.entities.html5
 
 
 def _decode_escape(m: re.Match[str]) -> tuple[str, int] | None:
     """Decoded text of the reference or escape at `m` and how many characters it spans."""
-    hex_digits, dec_digits, name, semi, u4, x2, u8 = m.groups()
+    hex_digits, dec_digits, name, semi, u4, x2, u8, slash = m.groups()
     if hex_digits is not None or dec_digits is not None:
         # html.unescape applies the HTML5 rules for invalid, surrogate and out-of-range numbers.
         return html.unescape(m.group(0)), len(m.group(0))
@@ -145,6 +169,8 @@ def _decode_escape(m: re.Match[str]) -> tuple[str, int] | None:
             if name[:k] in _HTML5:
                 return _HTML5[name[:k]], 1 + k
         return None
+    if slash is not None:
+        return "/", len(m.group(0))
     code = int(u4 or x2 or u8, 16)
     return (chr(code) if code <= 0x10FFFF else "\ufffd"), len(m.group(0))
 
@@ -154,7 +180,8 @@ class _Folded:
 
     __slots__ = ("ends", "starts", "text")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, spell_tags: bool = False) -> None:
+        fold = _fold_char_spelled if spell_tags else _fold_char
         if text.isascii():
             chars = text
             starts = list(range(len(text)))
@@ -164,13 +191,13 @@ class _Folded:
             starts = []
             ends = []
             for i, ch in enumerate(text):
-                f = _fold_char(ch)
+                f = fold(ch)
                 parts.append(f)
                 starts.extend([i] * len(f))
                 ends.extend([i + 1] * len(f))
             chars = "".join(parts)
         if "&" in chars or "\\" in chars:
-            chars, starts, ends = _decode_escapes(chars, starts, ends)
+            chars, starts, ends = _decode_escapes(chars, starts, ends, fold)
         self.text = chars
         self.starts = starts
         self.ends = ends
@@ -180,7 +207,9 @@ class _Folded:
         return self.starts[start], self.ends[end - 1]
 
 
-def _decode_escapes(chars: str, starts: list[int], ends: list[int]) -> tuple[str, list[int], list[int]]:
+def _decode_escapes(
+    chars: str, starts: list[int], ends: list[int], fold: Callable[[str], str]
+) -> tuple[str, list[int], list[int]]:
     parts: list[str] = []
     new_starts: list[int] = []
     new_ends: list[int] = []
@@ -194,7 +223,7 @@ def _decode_escapes(chars: str, starts: list[int], ends: list[int]) -> tuple[str
         parts.append(chars[pos:a])
         new_starts.extend(starts[pos:a])
         new_ends.extend(ends[pos:a])
-        folded = "".join(_fold_char(c) for c in value)
+        folded = "".join(fold(c) for c in value)
         parts.append(folded)
         new_starts.extend([starts[a]] * len(folded))
         new_ends.extend([ends[b - 1]] * len(folded))
@@ -258,6 +287,31 @@ def _matches(folded: _Folded) -> list[tuple[int, int, str]]:
     return found
 
 
+def _views(text: str) -> list[_Folded]:
+    """The folded view, plus the view with tag characters spelled out when the text has any."""
+    views = [_Folded(text)]
+    if not text.isascii() and _TAG_ASCII.search(text):
+        views.append(_Folded(text, spell_tags=True))
+    return views
+
+
+def _all_matches(text: str) -> list[tuple[int, int, str]]:
+    """`_matches` over every view of `text`, overlapping spans merged."""
+    views = _views(text)
+    found = _matches(views[0])
+    if len(views) == 1:
+        return found
+    merged: list[tuple[int, int, str]] = []
+    for start, end, replacement in sorted(found + _matches(views[1])):
+        if merged and start < merged[-1][1]:
+            prev_start, prev_end, prev_repl = merged[-1]
+            repl = prev_repl if replacement in prev_repl else prev_repl + replacement
+            merged[-1] = (prev_start, max(prev_end, end), repl)
+        else:
+            merged.append((start, end, replacement))
+    return merged
+
+
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
@@ -270,12 +324,22 @@ def new_nonce() -> str:
 
 def new_canary() -> str:
     """A random canary to plant in a session's worker system prompt."""
-    return "CANARY-" + _secrets.token_hex(8)
+    return _CANARY_PREFIX + _secrets.token_hex(8)
 
 
 def find_live_markup(text: str) -> list[str]:
-    """Every forbidden construct still live in `text`, as the matched substrings of its folded view."""
-    return [m.group(0) for m in _FORBIDDEN.finditer(_Folded(text).text)]
+    """Every forbidden construct still live in `text`, as the matched substrings of its folded view
+    (then those that only the view with tag characters spelled out shows)."""
+    views = _views(text)
+    found = [m.group(0) for m in _FORBIDDEN.finditer(views[0].text)]
+    if len(views) > 1:
+        unseen = Counter(found)
+        for m in _FORBIDDEN.finditer(views[1].text):
+            if unseen[m.group(0)] > 0:
+                unseen[m.group(0)] -= 1
+            else:
+                found.append(m.group(0))
+    return found
 
 
 def _apply(text: str, found: list[tuple[int, int, str]]) -> str:
@@ -292,7 +356,7 @@ def _apply(text: str, found: list[tuple[int, int, str]]) -> str:
 def neutralize(text: str) -> str:
     """Defang every forbidden construct in `text`; text without any is returned unchanged."""
     for _ in range(_MAX_PASSES):
-        found = _matches(_Folded(text))
+        found = _all_matches(text)
         if not found:
             return text
         text = _apply(text, found)
@@ -305,7 +369,7 @@ def _blunt(text: str) -> str:
     defanged."""
     out = []
     for ch in text:
-        folded = _fold_char(ch)
+        folded = _fold_char_spelled(ch)
         if "<" in folded or "[" in folded:
             out.append("(")
         elif ">" in folded or "]" in folded:
@@ -317,7 +381,7 @@ def _blunt(text: str) -> str:
         else:
             out.append(ch)
     text = "".join(out)
-    return _apply(text, _matches(_Folded(text)))
+    return _apply(text, _all_matches(text))
 
 
 def _sanitize_name(name: str) -> str:
@@ -404,18 +468,109 @@ def _fold_for_leaks(text: str) -> str:
     return _Folded(text).text.casefold()
 
 
+def _leak_views(text: str) -> list[str]:
+    return [view.text.casefold() for view in _views(text)]
+
+
+def _squeeze(folded: str) -> str:
+    """Letters and digits only, so a copy split by spaces, dots, line breaks or markup meets again."""
+    return "".join(c for c in folded if c.isalnum())
+
+
+def _cores(secret: str) -> list[str]:
+    """What a leak of `secret` must contain: the secret itself, and for a canary its random part
+    alone (a model told to "drop the CANARY- prefix" still leaks the secret)."""
+    if secret[: len(_CANARY_PREFIX)].upper() == _CANARY_PREFIX and len(secret) > len(_CANARY_PREFIX):
+        return [secret, secret[len(_CANARY_PREFIX) :]]
+    return [secret]
+
+
+def _in_pieces(key: str, text: str) -> bool:
+    """Whether `key` appears in `text` whole, or cut into pieces of at least _PIECE_MIN characters
+    that follow each other in order with at most _PIECE_GAP characters between them (a copy
+    spread over labelled lines: "part one: CANARY-0f / part two: 503837 / ...")."""
+    if key in text:
+        return True
+    n = len(key)
+    failed: set[tuple[int, int]] = set()  # (key index, text position) already explored in vain
+
+    def common(at: int, i: int) -> int:  # how far text[at:] and key[i:] agree
+        k = 0
+        while i + k < n and at + k < len(text) and text[at + k] == key[i + k]:
+            k += 1
+        return k
+
+    def rest(i: int, lo: int, hi: int) -> bool:
+        """Whether key[i:] follows in pieces, the first one starting in text[lo:hi]."""
+        if i == n:
+            return True
+        seed = key[i : i + _PIECE_MIN]
+        at = text.find(seed, lo, hi + len(seed))
+        while at != -1:
+            for j in range(i + common(at, i), i + _PIECE_MIN - 1, -1):  # longest piece first
+                if 0 < n - j < _PIECE_MIN:
+                    continue  # the leftover would be too short to be a piece of its own
+                end = at + j - i
+                if (j, end) in failed:
+                    continue
+                if rest(j, end, end + _PIECE_GAP):
+                    return True
+                failed.add((j, end))
+            at = text.find(seed, at + 1, hi + len(seed))
+        return False
+
+    return rest(0, 0, len(text))
+
+
+def _base64_forms(core: str) -> list[str]:
+    """The stretch of base64(anything + core + anything) that depends on `core` alone, for each of
+    the three byte alignments, in the standard and the URL-safe alphabet."""
+    data = core.encode("utf-8")
+    forms: list[str] = []
+    for pad in range(3):
+        encoded = base64.b64encode(bytes(pad) + data).decode("ascii")
+        first, end = -(-pad * 8 // 6), (pad + len(data)) * 8 // 6  # characters made of core bits only
+        forms += [encoded[first:end], encoded[first:end].translate(_URLSAFE)]
+    return forms
+
+
+def _leaked(secret: str, plain: str, folded: list[str], squeezed: list[str], compact: str) -> bool:
+    if secret.casefold() in plain or any(_fold_for_leaks(secret) in view for view in folded):
+        return True
+    for core in _cores(secret):
+        key = _squeeze(_fold_for_leaks(core))
+        if len(key) < _LOOSE_MIN_CHARS:  # too short to look for in loose forms without false alarms
+            continue
+        forms = (key[::-1], codecs.encode(key, "rot13"), core.encode("utf-8").hex())
+        for view in squeezed:
+            if _in_pieces(key, view) or any(form in view for form in forms):
+                return True
+        if any(form in compact for form in _base64_forms(core)):
+            return True
+    return False
+
+
 def leaks(answer: str, secrets: Iterable[str]) -> list[str]:
     """The given canary/nonce strings that appear in `answer`, each once, in the order given.
 
-    Case-insensitive, and also looked for in the folded view of the answer (NFKC, invisible
-    characters stripped, look-alikes and escapes folded), so a split or disguised copy counts.
+    Looked for case-insensitively in the answer and in its folded view (NFKC, invisible characters
+    stripped, tag characters, look-alikes and escapes folded), so a disguised copy counts. Secrets
+    of 12 characters or more (canaries and nonces are) are also found in the loose forms a
+    compromised model uses to slip them out: split by separators (`C A N A R Y - …`, markdown) or
+    cut into labelled pieces ("part one: …", one piece per line), a canary without its `CANARY-`
+    prefix, reversed, ROT13, hex (or percent-encoded) bytes, and base64 at any alignment, standard
+    or URL-safe, wrapped or not.
+    Detection stays best-effort: a model can always launder a secret further (spelling it in
+    words, say), which is why the canary is a tripwire and not a guarantee.
     """
     plain = answer.casefold()
-    folded = _fold_for_leaks(answer)
+    folded = _leak_views(answer)
+    squeezed = [_squeeze(view) for view in folded]
+    compact = "".join(answer.split())
     found: list[str] = []
     for secret in secrets:
         if not secret or secret in found:
             continue
-        if secret.casefold() in plain or _fold_for_leaks(secret) in folded:
+        if _leaked(secret, plain, folded, squeezed, compact):
             found.append(secret)
     return found

@@ -1,0 +1,6 @@
+"""`python -m bench`: the F6 benchmark suite (see `bench.suite`)."""
+
+from bench.suite import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
