@@ -29,7 +29,7 @@ SENSITIVE_KEYS = frozenset(
     }
 )
 _CREDENTIAL_SHAPES = re.compile(
-    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"(?i:bearer)(?:\s|\\[ntr])+[A-Za-z0-9._~+/=-]{8,}"  # whitespace, raw or JSON-escaped
     r"|\bsk-[A-Za-z0-9_-]{16,}"
     r"|\bAIza[0-9A-Za-z_-]{30,}"
     r"|\bxai-[A-Za-z0-9]{20,}"

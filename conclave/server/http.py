@@ -30,7 +30,10 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 async def run_http(config: Config, host: str, port: int) -> None:
     async with open_runtime(config) as runtime:
-        runner = web.AppRunner(build_app(runtime, bound_host=host), access_log=None)
+        # handler_cancellation: a client that hangs up cancels its call, upstream requests included
+        runner = web.AppRunner(
+            build_app(runtime, bound_host=host), access_log=None, handler_cancellation=True
+        )
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

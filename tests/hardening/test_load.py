@@ -29,7 +29,17 @@ from conclave.runtime import open_runtime
 from conclave.server.http import build_app
 from conclave.sim import Reply, Scenario, SimPanel
 from tests.hardening.figures import long_run, record
-from tests.hardening.load import TRANSPORTS, LoadReport, SoakReport, check_events, run_load, run_soak
+from tests.hardening.load import (
+    TRANSPORTS,
+    LoadReport,
+    SimProcess,
+    SoakReport,
+    check_events,
+    run_load,
+    run_soak,
+    serve,
+    write_config,
+)
 from tests.server_support import panel_config
 
 pytestmark = pytest.mark.anyio
@@ -279,3 +289,54 @@ async def test_a_cancelled_confer_still_closes_its_session_in_the_event_log(tmp_
     names = [e["event"] for e in lines if e.get("session_id") == "s-cancelled"]
     assert names[0] == "session_start"
     assert "session_end" in names, f"the cancelled session was never closed: {names}"
+
+
+async def test_a_bearer_token_after_a_tab_or_newline_is_redacted_from_transcripts_and_events(
+    tmp_path: Path,
+) -> None:
+    """The transcript check compares each transcript with its reply after `Redactor.value` (what the
+    writer used to apply). Serialized-bytes redaction (`Redactor.json_bytes`) differs for a bearer
+    token separated by a tab or newline: in JSON those are the escapes `\\t` / `\\n`, which the
+    `bearer\\s+` shape does not match, so the token reaches transcripts and (with content on) events."""
+    token = "tok9Zq7Xw3Lm5Pr8Ks2"
+    question = f"The failing request sent 'Authorization: Bearer\t{token}' and\nBearer\n{token}."
+    async with SimPanel() as panel:
+        panel.set_scenario("m-alpha", Scenario(replies=(Reply(text="echo: {last}"),)))
+        telemetry = {"path": str(tmp_path / "events.ndjson"), "include_content": True}
+        config = load_config(str(panel_config(panel, tmp_path, telemetry=telemetry)), env={}, dotenv=None)
+        async with open_runtime(config) as runtime:
+            result = await confer(runtime, {"question": question, "providers": ["alpha"]})
+    assert token in (result["answers"][0]["text"] or "")  # the reply itself is the caller's own text
+    written = {p.name: p.read_bytes() for p in (tmp_path / "transcripts").rglob("*.json")}
+    written["events.ndjson"] = (tmp_path / "events.ndjson").read_bytes()
+    leaked = sorted(name for name, data in written.items() if token.encode() in data)
+    assert leaked == [], f"the bearer token was written to {leaked}"
+
+
+async def test_over_http_a_client_that_hangs_up_stops_its_call(tmp_path: Path) -> None:
+    """Over HTTP each POST is its own connection for request ids, so `notifications/cancelled` from
+    another POST cannot reach a call; the only way left to cancel is hanging up (the comment in
+    `conclave/server/http.py` says aiohttp then cancels the handler). `conclave serve --http` builds
+    its `AppRunner` without `handler_cancellation=True`, so aiohttp lets the handler run on: under
+    load, every call a client abandons (a client timeout, a retry storm) keeps its provider requests
+    going to the end. Measured: the session ends `ok` after the full upstream latency, not `cancelled`."""
+    async with SimProcess(tmp_path) as sim:
+        root = sim.urls["openai"].rsplit("/openai", 1)[0]
+        async with httpx.AsyncClient(base_url=root, trust_env=False) as control:
+            reply = await control.put("/_sim/scenarios/m-alpha", json={"latency_ms": 2500})
+            reply.raise_for_status()
+        config = write_config(sim, tmp_path)
+        async with serve("http", config, tmp_path) as server:
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "confer",
+                "params": {"question": "Which?", "providers": ["alpha"], "session_id": "s-hung-up"},
+            }
+            async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+                with anyio.move_on_after(0.4):  # the client gives up and closes its connection
+                    await client.post("/rpc", json=call)
+            await anyio.sleep(1.0)  # well before the panel would answer (2.5 s after the call)
+            events = [orjson.loads(line) for line in (tmp_path / "events.ndjson").read_bytes().splitlines()]
+    ends = [e for e in events if e.get("event") == "session_end" and e.get("session_id") == "s-hung-up"]
+    assert [e["status"] for e in ends] == ["cancelled"], f"session_end events for the call: {ends}"
