@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conclave.deliberation.transcripts import atomic_write, write_transcript
+from conclave.deliberation.transcripts import TranscriptWriter, atomic_write
 from conclave.redact import Redactor
 
 
@@ -37,11 +38,26 @@ def test_a_crash_mid_rewrite_keeps_the_previous_version_whole(tmp_path: Path) ->
     assert target.read_bytes() == b'{"version": 1}'
 
 
-def test_transcripts_are_redacted_of_secrets(tmp_path: Path) -> None:
+def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(tmp_path: Path) -> None:
     secret = "sk-transcript-secret-123456789"
-    path = write_transcript(
-        tmp_path, "s-1", "confer", {"arguments": {"question": f"my key is {secret}"}}, Redactor([secret])
-    )
-    assert path.name.startswith("s-1-confer-")
-    assert secret not in path.read_text()
-    assert "[REDACTED]" in path.read_text()
+    writer = TranscriptWriter(tmp_path, Redactor([secret]))
+    paths = [
+        writer.submit("s-1", "confer", {"arguments": {"question": f"my key is {secret}", "n": n}})
+        for n in range(3)
+    ]
+    writer.close()
+    assert len(set(paths)) == 3, "two calls of one session never share a file"
+    for n, path in enumerate(paths):
+        assert path.name.startswith("s-1-confer-")
+        body = json.loads(path.read_text())
+        assert body["arguments"] == {"question": "my key is [REDACTED]", "n": n}
+    assert secret not in "".join(p.read_text() for p in paths)
+
+
+def test_the_payload_is_captured_when_submitted_not_when_written(tmp_path: Path) -> None:
+    writer = TranscriptWriter(tmp_path, Redactor())
+    result = {"status": "ok"}
+    path = writer.submit("s-2", "confer", {"result": result})
+    result["status"] = "changed later by the caller"
+    writer.close()
+    assert json.loads(path.read_text()) == {"result": {"status": "ok"}}

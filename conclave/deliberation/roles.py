@@ -13,15 +13,15 @@ only, and the synthesizer never gets one.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from string import Template
-from typing import Any, Literal, NoReturn, get_args
+from typing import Any, Literal, get_args
 
 from conclave.schemas import first_error, json_path, load_schema
+from conclave.strictjson import StrictJSONError, strict_decoder
 from conclave.worker.untrusted import neutralize
 
 Role = Literal["proposer", "critic", "synthesizer"]
@@ -272,31 +272,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
-# Strict decoding: Python's default keeps the last of duplicate keys and accepts NaN/Infinity (and turns
-# 1e999 into inf); all of those fail the reply instead.
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _EnvelopeError(f"duplicate key {_clip(json.dumps(key), 80)} in JSON object")
-        obj[key] = value
-    return obj
-
-
-def _constant(token: str) -> NoReturn:
-    raise _EnvelopeError(f"{token} is not valid JSON: numbers must be finite")
-
-
-def _float(token: str) -> float:
-    value = float(token)
-    if not math.isfinite(value):
-        raise _EnvelopeError(f"number {_clip(token, 40)} is out of range: numbers must be finite")
-    return value
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+_DECODER = strict_decoder("the JSON object")
 
 
 def _decode_at(text: str, pos: int) -> tuple[Any, int]:
@@ -306,6 +282,8 @@ def _decode_at(text: str, pos: int) -> tuple[Any, int]:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError:
         raise
+    except StrictJSONError as exc:
+        raise _EnvelopeError(_clip(str(exc), 200)) from None
     except RecursionError:
         raise _EnvelopeError("JSON nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal over Python's digit limit

@@ -26,24 +26,6 @@ import orjson
 from conclave.redact import Redactor
 
 
-def write_transcript(
-    directory: str | Path,
-    session_id: str,
-    tool: str,
-    payload: Mapping[str, Any],
-    redactor: Redactor,
-    *,
-    fsync: bool = False,
-) -> Path:
-    """Write `<dir>/<YYYY-MM-DD>/<session>-<tool>-<time>.json`; returns the path."""
-    now = datetime.now(UTC)
-    folder = Path(directory) / now.strftime("%Y-%m-%d")
-    path = folder / f"{session_id}-{tool}-{now.strftime('%H%M%S%f')}.json"
-    body = redactor.json_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2, default=str))
-    atomic_write(path, _chunks(body), fsync=fsync)
-    return path
-
-
 class TranscriptWriter:
     def __init__(self, directory: str | Path, redactor: Redactor, *, fsync: bool = False) -> None:
         self._directory = Path(directory)
@@ -55,7 +37,7 @@ class TranscriptWriter:
         self.failures = 0
 
     def submit(self, session_id: str, tool: str, payload: Mapping[str, Any]) -> Path:
-        """Queue one transcript; returns the path it will have."""
+        """Queue `<dir>/<YYYY-MM-DD>/<session>-<tool>-<time>-<n>.json`; returns the path it will have."""
         now = datetime.now(UTC)
         name = f"{session_id}-{tool}-{now.strftime('%H%M%S%f')}-{next(self._sequence):04d}.json"
         path = self._directory / now.strftime("%Y-%m-%d") / name

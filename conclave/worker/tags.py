@@ -8,10 +8,11 @@ could dispatch something the model never asked for (e.g. the second of two dupli
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
+
+from conclave.strictjson import StrictJSONError, quote_key, strict_decoder
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -50,35 +51,7 @@ _JSON_WS = re.compile(r"[ \t\n\r]*")  # JSON's own whitespace; str.isspace() wou
 _PARTIAL_TOKEN = re.compile(r"[\w.+\-\\]*")
 
 
-class _Rejected(ValueError):
-    """Raised from the decoder hooks; its message is the TagError detail."""
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # The hook sees every object at every depth, so nested duplicates are caught too. Python's default
-    # keeps the last value, which is how `{"url":"https://ok","url":"http://169.254.169.254"}` would
-    # smuggle a different target past whoever reads the first one.
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _Rejected(f"duplicate key {_short(key)} in tool call JSON")
-        obj[key] = value
-    return obj
-
-
-def _constant(token: str) -> NoReturn:
-    raise _Rejected(f"{token} is not allowed in tool call JSON")
-
-
-def _float(token: str) -> float:
-    # `1e999` decodes to inf: the same non-finite value as `Infinity`, spelled differently.
-    value = float(token)
-    if not math.isfinite(value):
-        raise _Rejected(f"number {token[:40]} is out of range in tool call JSON")
-    return value
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+_DECODER = strict_decoder("tool call JSON")
 
 
 def find_tool_call(text: str, *, truncated: bool = False) -> ToolCall | TagError | None:
@@ -147,7 +120,7 @@ def _parse_tag(text: str, start: int, truncated: bool) -> ToolCall | TagError:
         if e.msg.startswith("Unterminated string") or _PARTIAL_TOKEN.fullmatch(rest):
             return ran_out(detail)
         return error(detail)
-    except _Rejected as e:
+    except StrictJSONError as e:
         return error(str(e))
     except RecursionError:
         # The depth pre-scan should make this unreachable; kept so no input can ever raise.
@@ -230,7 +203,7 @@ def _shape_error(value: Any) -> str | None:
             return f"tool call JSON is missing key {key!r}"
     extra = [key for key in value if key not in ("name", "args")]
     if extra:
-        return f"unexpected key {_short(extra[0])} in tool call JSON (only 'name' and 'args' are allowed)"
+        return f"unexpected key {quote_key(extra[0])} in tool call JSON (only 'name' and 'args' are allowed)"
     name = value["name"]
     if not isinstance(name, str):
         return f"tool call 'name' must be a string, got {_kind(name)}"
@@ -239,7 +212,7 @@ def _shape_error(value: Any) -> str | None:
     if len(name) > MAX_NAME_CHARS:
         return f"tool call 'name' is longer than {MAX_NAME_CHARS} characters"
     if not name.isprintable() or any(c.isspace() for c in name):
-        return f"tool call 'name' {_short(name)} contains whitespace or unprintable characters"
+        return f"tool call 'name' {quote_key(name)} contains whitespace or unprintable characters"
     if not isinstance(value["args"], dict):
         return f"tool call 'args' must be an object, got {_kind(value['args'])}"
     return None
@@ -258,8 +231,3 @@ def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return "a number"
-
-
-def _short(s: str) -> str:
-    # repr escapes control characters; the cap keeps a huge key from bloating the refusal.
-    return repr(s) if len(s) <= 60 else repr(s[:60]) + "..."
