@@ -13,6 +13,7 @@ requests on a small machine (issue F1/F6 figures), aiohttp does not.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import aiohttp
@@ -20,6 +21,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
+RawHeaders = Sequence[tuple[bytes, bytes]]  # as read off the wire, names in their original case
 
 
 def make_http_client(
@@ -56,35 +58,74 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         )
         return self._session
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        total: float | None = None,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> tuple[int, RawHeaders, bytes]:
+        """Send one request and read the whole answer: (status, raw headers, body).
+
+        The provider client calls this directly, with plain values: no `httpx.Request` or
+        `Response` is built. `total` bounds the whole exchange on aiohttp's own timer, so the
+        caller needs no cancel scope; when it runs out, a bare `TimeoutError` is raised.
+        Transport failures raise the httpx exceptions `classify_transport_error` reads.
+        """
         session = self._session or self._open()
-        timeouts = request.extensions.get("timeout", {})
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        if total is None:
+            timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+        else:  # the caller's deadline: no rounding up (aiohttp's default for timers past 5 s)
+            timeout = aiohttp.ClientTimeout(
+                total=total,
+                sock_connect=min(total, connect or 10.0),
+                sock_read=read,
+                ceil_threshold=total + 1.0,
+            )
         try:
             async with session.request(
-                request.method,
-                str(request.url),
-                data=request.content,
+                method,
+                url,
+                data=body,
                 headers=headers,
                 allow_redirects=False,
                 compress=None,
-                timeout=aiohttp.ClientTimeout(
-                    sock_connect=timeouts.get("connect"), sock_read=timeouts.get("read")
-                ),
-                server_hostname=request.extensions.get("sni_hostname"),
+                timeout=timeout,
+                server_hostname=server_hostname,
             ) as response:
-                body = await response.read()
-                raw_headers = list(response.raw_headers)
-                status = response.status
+                return response.status, response.raw_headers, await response.read()
+        except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read), not `total`
+            raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
         except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+            raise httpx.ConnectError(str(exc)) from exc
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
+            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from exc
         except aiohttp.ClientError as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
-        return httpx.Response(status, headers=raw_headers, content=body, request=request)
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        try:
+            status, raw_headers, body = await self.exchange(
+                request.method,
+                str(request.url),
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+                request.content,
+                connect=timeouts.get("connect"),
+                read=timeouts.get("read"),
+                server_hostname=request.extensions.get("sni_hostname"),
+            )
+        except TimeoutError as exc:  # no `total` here, so only a socket timer fires
+            raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+        except httpx.TransportError as exc:
+            exc.request = request
+            raise
+        return httpx.Response(status, headers=list(raw_headers), content=body, request=request)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -90,10 +90,10 @@ class Telemetry:
         self._sink = _NdjsonSink(self.path)
         self._redactor = Redactor(secrets)
         self._include_content = include_content
-        self._log = structlog.wrap_logger(
-            self._sink,
-            processors=[merge_contextvars, self._render],
-            wrapper_class=structlog.BoundLogger,
+        # A concrete logger, not `wrap_logger`'s lazy proxy: the proxy builds a fresh logger per
+        # event, each one a reference cycle left for the garbage collector.
+        self._log = structlog.BoundLogger(
+            self._sink, processors=[merge_contextvars, self._render], context={}
         )
 
     def emit(self, event: str, **fields: Any) -> None:

@@ -38,9 +38,12 @@ def test_a_crash_mid_rewrite_keeps_the_previous_version_whole(tmp_path: Path) ->
     assert target.read_bytes() == b'{"version": 1}'
 
 
-def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsync", [False, True], ids=["written-at-submit", "background-thread"])
+def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(
+    tmp_path: Path, fsync: bool
+) -> None:
     secret = "sk-transcript-secret-123456789"
-    writer = TranscriptWriter(tmp_path, Redactor([secret]))
+    writer = TranscriptWriter(tmp_path, Redactor([secret]), fsync=fsync)
     paths = [
         writer.submit("s-1", "confer", {"arguments": {"question": f"my key is {secret}", "n": n}})
         for n in range(3)
@@ -54,10 +57,21 @@ def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(tm
     assert secret not in "".join(p.read_text() for p in paths)
 
 
-def test_the_payload_is_captured_when_submitted_not_when_written(tmp_path: Path) -> None:
-    writer = TranscriptWriter(tmp_path, Redactor())
+@pytest.mark.parametrize("fsync", [False, True], ids=["written-at-submit", "background-thread"])
+def test_the_payload_is_captured_when_submitted_not_when_written(tmp_path: Path, fsync: bool) -> None:
+    writer = TranscriptWriter(tmp_path, Redactor(), fsync=fsync)
     result = {"status": "ok"}
     path = writer.submit("s-2", "confer", {"result": result})
     result["status"] = "changed later by the caller"
     writer.close()
     assert json.loads(path.read_text()) == {"result": {"status": "ok"}}
+
+
+def test_a_transcript_that_cannot_be_written_is_counted_and_the_call_goes_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the transcripts directory should be")
+    writer = TranscriptWriter(blocker, Redactor())
+    writer.submit("s-3", "confer", {"result": {}})
+    writer.close()
+    assert writer.failures == 1
+    assert blocker.read_text().startswith("a file")

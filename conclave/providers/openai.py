@@ -29,7 +29,12 @@ _SYSTEM_AS_USER = re.compile(r"^o1-mini")
 def is_reasoning_model(entry: ProviderConfig) -> bool:
     if entry.reasoning is not None:
         return entry.reasoning
-    return bool(_REASONING.match(bare_model(entry.model)))
+    return _always_reasons(entry.model)
+
+
+@lru_cache(maxsize=256)
+def _always_reasons(model: str) -> bool:
+    return bool(_REASONING.match(bare_model(model)))
 
 
 def max_tokens_field(entry: ProviderConfig) -> str:
