@@ -8,7 +8,7 @@ debate = await conclave.coordinate("Design the cache.")
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "confer", "confer_sync", "coordinate", "coordinate_sync"]
+__all__ = ["__version__", "confer", "confer_sync", "coordinate", "coordinate_sync", "serving_gc"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from conclave import api
 
         return getattr(api, name)
+    if name == "serving_gc":  # for hosts that serve many calls from one process (see gcpolicy)
+        from conclave.gcpolicy import serving_gc
+
+        return serving_gc
     raise AttributeError(f"module 'conclave' has no attribute {name!r}")

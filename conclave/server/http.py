@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from conclave.config import Config
+from conclave.gcpolicy import serving_gc
 from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import SUPPORTED_VERSIONS, Server
 from conclave.server.jsonrpc import (
@@ -37,6 +38,7 @@ async def run_http(config: Config, host: str, port: int) -> None:
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
+        serving_gc()  # start-up is done: this process is a server now
         bound = runner.addresses[0][1] if runner.addresses else port
         print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)
         try:

@@ -17,6 +17,7 @@ import anyio.to_thread
 import orjson
 
 from conclave.config import Config
+from conclave.gcpolicy import serving_gc
 from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import Server
 from conclave.server.jsonrpc import (
@@ -48,6 +49,7 @@ async def run_stdio(config: Config) -> None:
         await anyio.to_thread.run_sync(write_all, data)
 
     async with open_runtime(config) as runtime:
+        serving_gc()  # start-up is done: this process is a server now
         await serve_lines(runtime, read_line, write)
 
 
