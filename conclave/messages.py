@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant"]
@@ -48,7 +48,15 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def with_cost(self, cost_usd: float | None) -> Usage:
-        return replace(self, cost_usd=cost_usd)
+        # Spelled out: `dataclasses.replace` inspects the fields on every call (once per provider call).
+        return Usage(
+            self.input_tokens,
+            self.output_tokens,
+            self.cached_input_tokens,
+            self.cache_write_tokens,
+            self.reasoning_tokens,
+            cost_usd,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
