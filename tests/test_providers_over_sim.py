@@ -99,6 +99,7 @@ async def test_plain_answer_arrives_labelled_simulated_with_usage_and_cost(sim: 
     expected = (c.usage.input_tokens * 2.0 + c.usage.output_tokens * 8.0) / 1e6
     assert c.usage.cost_usd == pytest.approx(expected)
     assert c.request_id
+    assert c.attempts == 1, "a first-try answer took one attempt"
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -89,6 +89,7 @@ class ProviderClient:
             self._require_key()
             self.breaker.check()
             wire = self.adapter.build(request, self.entry, self._key)
+            policy.attempts = 1
             try:  # the first attempt runs bare: most calls need no other
                 parsed = await self._attempt(wire, deadline)
             except ProviderError as exc:
