@@ -9,20 +9,21 @@ import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import orjson
 
 from conclave import __version__
 from conclave.config import Config, load_config
-from conclave.doctor import ProviderCheck, check_providers, providers_in_use
 from conclave.errors import ConfigError, InvalidArguments, ToolError
-from conclave.render import LiveProgress, Tool, deliberate, progress_for, render, wants_colour
-from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import check_arguments
-from conclave.simulated import simulated_config
-from conclave.tools import build_registry
+
+# Each command imports what it runs on: `conclave serve` must answer its first request before the
+# HTTP stack and the deliberation code are loaded (see server.lifecycle), and `--help` needs none.
+if TYPE_CHECKING:
+    from conclave.doctor import ProviderCheck
+    from conclave.render import LiveProgress, Tool
 
 DEFAULT_HTTP_PORT = 8765
 
@@ -222,6 +223,8 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
+    from conclave.doctor import providers_in_use
+
     config = _load(args)
     in_use = providers_in_use(config)
     rows = [
@@ -274,6 +277,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 async def _doctor(config: Config, simulated: bool, seconds: float) -> list[ProviderCheck]:
+    from conclave.doctor import check_providers
+    from conclave.runtime import open_runtime
+
     async with _maybe_simulated(config, simulated) as effective, open_runtime(effective) as rt:
         return await check_providers(rt, timeout_seconds=seconds)
 
@@ -284,6 +290,7 @@ async def _maybe_simulated(config: Config, simulated: bool) -> AsyncIterator[Con
         yield config
         return
     from conclave.sim import SimPanel
+    from conclave.simulated import simulated_config
 
     async with SimPanel() as panel:
         urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
@@ -355,6 +362,9 @@ def _run_tool(
     args: argparse.Namespace, name: str, tool_args: dict[str, Any], failed: Callable[[dict[str, Any]], bool]
 ) -> int:
     """Run one tool; exit 0 on success, 1 on a refusal or failed checks, 2 on bad arguments."""
+    from conclave.runtime import open_runtime
+    from conclave.tools import build_registry
+
     config = _load(args)
 
     async def run() -> dict[str, Any]:
@@ -439,6 +449,8 @@ def _names(value: str) -> list[str]:
 
 def _deliberation(args: argparse.Namespace, tool: Tool, tool_args: dict[str, Any]) -> int:
     """Exit 0 when complete, 1 when degraded, 2 on invalid arguments (config errors: see main)."""
+    from conclave.render import progress_for, render, wants_colour
+
     config = _load(args)
     try:
         # Checked here too so that bad arguments fail before any progress display or runtime.
@@ -459,6 +471,9 @@ def _deliberation(args: argparse.Namespace, tool: Tool, tool_args: dict[str, Any
 async def _run_deliberation(
     config: Config, tool: Tool, tool_args: dict[str, Any], progress: LiveProgress | None
 ) -> dict[str, Any]:
+    from conclave.render import deliberate
+    from conclave.runtime import open_runtime
+
     async with open_runtime(config) as runtime:
         return await deliberate(runtime, tool, tool_args, progress)
 
@@ -467,6 +482,7 @@ async def _run_deliberation(
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    from conclave.render import wants_colour
     from conclave.tail import Filters, TailOptions, run_tail
 
     config = _load(args)
@@ -545,4 +561,4 @@ def _print_table(rows: list[list[str]]) -> None:
         print("  ".join(cells).rstrip())
 
 
-__all__ = ["Runtime", "build_parser", "main"]
+__all__ = ["build_parser", "main"]

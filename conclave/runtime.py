@@ -36,14 +36,16 @@ class Runtime:
 
 @contextlib.asynccontextmanager
 async def open_runtime(
-    config: Config, *, transport: httpx.AsyncBaseTransport | None = None, **tool_options: Any
+    config: Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    telemetry: Telemetry | None = None,
+    **tool_options: Any,
 ) -> AsyncIterator[Runtime]:
-    """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`)."""
-    telemetry = Telemetry(
-        config.telemetry.path if config.telemetry.enabled else None,
-        include_content=config.telemetry.include_content,
-        secrets=config.secrets.values(),
-    )
+    """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`). A `telemetry`
+    passed in stays open afterwards: whoever opened it closes it."""
+    owns_telemetry = telemetry is None
+    telemetry = telemetry or Telemetry.for_config(config)
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
     writer = (
         TranscriptWriter(config.transcripts.dir, telemetry.redactor, fsync=config.transcripts.fsync)
@@ -73,4 +75,5 @@ async def open_runtime(
     finally:
         if writer is not None:
             writer.close()
-        telemetry.close()
+        if owns_telemetry:
+            telemetry.close()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
@@ -23,6 +23,9 @@ from structlog.contextvars import bound_contextvars, get_contextvars, merge_cont
 from structlog.typing import EventDict, WrappedLogger
 
 from conclave.redact import Redactor
+
+if TYPE_CHECKING:
+    from conclave.config import Config
 
 _FLUSH_AFTER = frozenset({"session_end", "rpc_error", "breaker_open"})  # moments an operator is watching for
 CONTENT_FIELDS = frozenset(
@@ -94,6 +97,15 @@ class Telemetry:
         # event, each one a reference cycle left for the garbage collector.
         self._log = structlog.BoundLogger(
             self._sink, processors=[merge_contextvars, self._render], context={}
+        )
+
+    @classmethod
+    def for_config(cls, config: Config) -> Telemetry:
+        """The event log `config.telemetry` describes, redacting the config's secrets."""
+        return cls(
+            config.telemetry.path if config.telemetry.enabled else None,
+            include_content=config.telemetry.include_content,
+            secrets=config.secrets.values(),
         )
 
     def emit(self, event: str, **fields: Any) -> None:

@@ -53,9 +53,7 @@ async def test_an_internal_failure_is_minus_32603_with_an_id_that_finds_the_trac
             raise RuntimeError("kaboom inside")
 
         tool = server.tools["list_providers"]
-        server.tools["list_providers"] = type(tool)(
-            tool.name, tool.title, tool.description, broken, tool.render
-        )
+        server.tools["list_providers"] = type(tool)(tool.name, broken, tool.render)
         reply = await server.handle_message({"jsonrpc": "2.0", "id": 5, "method": "list_providers"}, nowhere)
     error = reply["error"]
     assert (error["code"], error["message"]) == (-32603, "Internal error")

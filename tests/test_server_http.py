@@ -14,6 +14,7 @@ from aiohttp import web
 from conclave.config import load_config
 from conclave.runtime import open_runtime
 from conclave.schemas import validator
+from conclave.server.core import Server
 from conclave.server.http import build_app
 from conclave.sim import SimPanel
 from tests.server_support import panel_config
@@ -27,7 +28,7 @@ async def base_url(tmp_path: Path) -> AsyncIterator[str]:
     async with SimPanel() as panel:
         config = load_config(str(panel_config(panel, tmp_path)), env={}, dotenv=None)
         async with open_runtime(config) as runtime:
-            runner = web.AppRunner(build_app(runtime), access_log=None)
+            runner = web.AppRunner(build_app(Server(runtime)), access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -1,18 +1,22 @@
 """The server: MCP (revision 2025-11-25 and the older ones clients still send) and plain
-JSON-RPC methods over one tool surface. Transports hand it one decoded message at a time."""
+JSON-RPC methods over one tool surface. Transports hand it one decoded message at a time.
+
+A server answers from the moment it exists: `initialize`, `ping` and `tools/list` need only the
+tool catalog and `schemas/`. Tool calls wait until a runtime is attached (`attach`), which a
+starting server does in the background (see `lifecycle`)."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
 
 from conclave import __version__
+from conclave.catalog import SERVER_TOOLS
 from conclave.errors import ConfigError, InvalidArguments, ToolError
-from conclave.runtime import Runtime
 from conclave.server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -26,7 +30,12 @@ from conclave.server.jsonrpc import (
     response,
     to_rpc_error,
 )
-from conclave.server.surface import ServerTool, server_tools
+from conclave.server.surface import TOOL_NAMES, describe
+from conclave.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from conclave.runtime import Runtime
+    from conclave.server.handlers import ServerTool
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 PLAIN_METHODS = frozenset({"confer", "coordinate", "fetch", "verify", "list_providers"})
@@ -41,12 +50,49 @@ Send = Callable[[Any], Awaitable[None]]
 
 
 class Server:
-    def __init__(self, runtime: Runtime, *, page_size: int = 50) -> None:
-        self.runtime = runtime
-        self.tools: dict[str, ServerTool] = server_tools(runtime)
+    """`Server(runtime)` is ready at once; `Server(telemetry=...)` waits for `attach(runtime)`
+    before running any tool."""
+
+    def __init__(
+        self, runtime: Runtime | None = None, *, telemetry: Telemetry | None = None, page_size: int = 50
+    ) -> None:
+        if telemetry is None:
+            if runtime is None:
+                raise TypeError("Server needs a runtime, or the telemetry to use until one is attached")
+            telemetry = runtime.telemetry
+        self.telemetry = telemetry
         self.page_size = page_size
         self.protocol_version: str | None = None
         self._in_flight: dict[tuple[object, RequestId], anyio.CancelScope] = {}
+        self._runtime: Runtime | None = None
+        self.tools: dict[str, ServerTool] = {}
+        self._attached: anyio.Event | None = None
+        if runtime is not None:
+            self.attach(runtime)
+
+    def attach(self, runtime: Runtime) -> None:
+        """Tool calls may run from now on; those already waiting go ahead."""
+        # Imported here, not at the top: this is the heavy half of the server (deliberation,
+        # providers, HTTP), which a starting server loads in the background.
+        from conclave.server.handlers import server_tools
+
+        self.tools = server_tools()
+        self._runtime = runtime
+        if self._attached is not None:
+            self._attached.set()
+
+    async def runtime(self) -> Runtime:
+        """The runtime, once attached."""
+        if self._runtime is None:
+            if self._attached is None:
+                self._attached = anyio.Event()
+            await self._attached.wait()
+        assert self._runtime is not None
+        return self._runtime
+
+    async def tool(self, name: str) -> tuple[Runtime, ServerTool]:
+        runtime = await self.runtime()
+        return runtime, self.tools[name]
 
     async def handle_message(self, message: Any, send: Send, *, connection: object = None) -> Any:
         """One decoded message (object or batch); returns what to send back, or None."""
@@ -91,7 +137,7 @@ class Server:
             return None  # cancelled by notifications/cancelled: no reply, ever
         except Exception as exc:
             return error_response(
-                request.id, to_rpc_error(exc, method=request.method, telemetry=self.runtime.telemetry)
+                request.id, to_rpc_error(exc, method=request.method, telemetry=self.telemetry)
             )
         finally:
             self._in_flight.pop(key, None)
@@ -118,7 +164,9 @@ class Server:
         if method == "tools/call":
             return await self._call_tool(_object_params(request), send)
         if method in PLAIN_METHODS:
-            return await self.tools[method].call(self.runtime, _object_params(request), None)
+            params = _object_params(request)
+            runtime, tool = await self.tool(method)
+            return await tool.call(runtime, params, None)
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,23 +181,22 @@ class Server:
 
     def _list_tools(self, params: Mapping[str, Any]) -> dict[str, Any]:
         start = _decode_cursor(params.get("cursor"))
-        names = list(self.tools)
-        page = names[start : start + self.page_size]
-        result: dict[str, Any] = {"tools": [self.tools[name].describe() for name in page]}
-        if start + self.page_size < len(names):
+        page = SERVER_TOOLS[start : start + self.page_size]
+        result: dict[str, Any] = {"tools": [describe(info) for info in page]}
+        if start + self.page_size < len(SERVER_TOOLS):
             result["nextCursor"] = _encode_cursor(start + self.page_size)
         return result
 
     async def _call_tool(self, params: Mapping[str, Any], send: Send) -> dict[str, Any]:
         name = params.get("name")
-        if not isinstance(name, str) or name not in self.tools:
-            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}; tools: {', '.join(self.tools)}")
+        if not isinstance(name, str) or name not in TOOL_NAMES:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}; tools: {', '.join(TOOL_NAMES)}")
         arguments = params.get("arguments") if params.get("arguments") is not None else {}
         if not isinstance(arguments, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
-        tool = self.tools[name]
+        runtime, tool = await self.tool(name)
         try:
-            result = await tool.call(self.runtime, arguments, self._progress_sink(params, send))
+            result = await tool.call(runtime, arguments, self._progress_sink(params, send))
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:

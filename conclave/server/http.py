@@ -13,8 +13,6 @@ import orjson
 from aiohttp import web
 
 from conclave.config import Config
-from conclave.gcpolicy import serving_gc
-from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import SUPPORTED_VERSIONS, Server
 from conclave.server.jsonrpc import (
     INVALID_REQUEST,
@@ -24,21 +22,19 @@ from conclave.server.jsonrpc import (
     error_response,
     to_rpc_error,
 )
+from conclave.server.lifecycle import serving
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 async def run_http(config: Config, host: str, port: int) -> None:
-    async with open_runtime(config) as runtime:
+    async with serving(config) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
-        runner = web.AppRunner(
-            build_app(runtime, bound_host=host), access_log=None, handler_cancellation=True
-        )
+        runner = web.AppRunner(build_app(server, bound_host=host), access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
-        serving_gc()  # start-up is done: this process is a server now
         bound = runner.addresses[0][1] if runner.addresses else port
         print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)
         try:
@@ -47,8 +43,7 @@ async def run_http(config: Config, host: str, port: int) -> None:
             await runner.cleanup()
 
 
-def build_app(runtime: Runtime, *, bound_host: str = "127.0.0.1") -> web.Application:
-    server = Server(runtime)
+def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     allowed = LOOPBACK_HOSTS | {bound_host.lower()}
 
@@ -106,7 +101,7 @@ async def _exchange(server: Server, request: web.Request, *, notifications_statu
     except (
         Exception
     ) as exc:  # the stdio server's safety net: a JSON-RPC error body, not aiohttp's plain-text 500
-        failure = to_rpc_error(exc, method="(http)", telemetry=server.runtime.telemetry)
+        failure = to_rpc_error(exc, method="(http)", telemetry=server.telemetry)
         return _json(error_response(None, failure), status=500)
     if reply is None:
         return web.Response(status=notifications_status)

@@ -17,8 +17,6 @@ import anyio.to_thread
 import orjson
 
 from conclave.config import Config
-from conclave.gcpolicy import serving_gc
-from conclave.runtime import Runtime, open_runtime
 from conclave.server.core import Server
 from conclave.server.jsonrpc import (
     PARSE_ERROR,
@@ -28,6 +26,7 @@ from conclave.server.jsonrpc import (
     error_response,
     to_rpc_error,
 )
+from conclave.server.lifecycle import serving
 
 MAX_LINE_BYTES = 32 * 1024 * 1024
 ReadLine = Callable[[int], Awaitable[bytes]]
@@ -48,16 +47,12 @@ async def run_stdio(config: Config) -> None:
     async def write(data: bytes) -> None:
         await anyio.to_thread.run_sync(write_all, data)
 
-    async with open_runtime(config) as runtime:
-        serving_gc()  # start-up is done: this process is a server now
-        await serve_lines(runtime, read_line, write)
+    async with serving(config) as server:
+        await serve_lines(server, read_line, write)
 
 
-async def serve_lines(
-    runtime: Runtime, read_line: ReadLine, write: Write, *, server: Server | None = None
-) -> None:
+async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None:
     """Serve one connection until EOF on `read_line`."""
-    server = server or Server(runtime)
     lock = anyio.Lock()
 
     async def send(message: Any) -> None:
@@ -77,7 +72,7 @@ async def serve_lines(
         except Exception as exc:
             # A bug costs this message its reply (a -32603 whose error_id finds the traceback in
             # the event log), never the server: an exception here would end the task group.
-            internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.runtime.telemetry)
+            internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.telemetry)
             data = orjson.dumps(error_response(_id_of(message), internal)) + b"\n"
         if data is not None:
             async with lock:

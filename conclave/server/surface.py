@@ -1,216 +1,30 @@
-"""The tool surface every door shares (MCP tools/call, plain JSON-RPC methods): name, title,
-description, schemas from `schemas/`, annotations, the handler and a readable rendering."""
+"""What the server shows of its tools (MCP `tools/list`): each tool's name, title, description,
+annotations and its schemas from `schemas/`. Imports nothing heavy, so a starting server can
+answer `initialize` and `tools/list` while the runtime is still loading (see `handlers` for
+what the tools do)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from conclave.deliberation.common import ProgressSink
-from conclave.deliberation.confer import confer
-from conclave.deliberation.coordinate import coordinate
-from conclave.doctor import providers_in_use
-from conclave.runtime import Runtime
-from conclave.schemas import check_arguments, load_schema
-
-Handler = Callable[[Runtime, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any]]]
+from conclave.catalog import SERVER_TOOLS, ToolInfo
+from conclave.schemas import load_schema
 
 
-@dataclass(frozen=True, slots=True)
-class ServerTool:
-    name: str
-    title: str
-    description: str
-    handler: Handler
-    render: Callable[[Mapping[str, Any]], str]
-    annotations: Mapping[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> dict[str, Any]:
-        """The MCP `tools/list` entry."""
-        return {
-            "name": self.name,
-            "title": self.title,
-            "description": self.description,
-            "inputSchema": _public(load_schema(f"{self.name}.input.json")),
-            "outputSchema": _public(load_schema(f"{self.name}.output.json")),
-            "annotations": {"title": self.title, **self.annotations},
-        }
-
-    async def call(
-        self, runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
-    ) -> dict[str, Any]:
-        check_arguments(f"{self.name}.input.json", args, tool=self.name)
-        return await self.handler(runtime, args, progress)
+def describe(info: ToolInfo) -> dict[str, Any]:
+    """One MCP `tools/list` entry."""
+    return {
+        "name": info.name,
+        "title": info.title,
+        "description": info.description,
+        "inputSchema": _public(load_schema(f"{info.name}.input.json")),
+        "outputSchema": _public(load_schema(f"{info.name}.output.json")),
+        "annotations": {"title": info.title, **{k: v for k, v in info.annotations.items() if k != "title"}},
+    }
 
 
 def _public(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in schema.items() if k not in ("$id",)}
 
 
-async def _confer(runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
-    return await confer(runtime, args, progress=progress)
-
-
-async def _coordinate(
-    runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
-) -> dict[str, Any]:
-    return await coordinate(runtime, args, progress=progress)
-
-
-def _registry_tool(name: str) -> Handler:
-    async def run(runtime: Runtime, args: dict[str, Any], _progress: ProgressSink | None) -> dict[str, Any]:
-        return await runtime.call_tool(name, args)
-
-    return run
-
-
-async def _list_providers(runtime: Runtime, _args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
-    config = runtime.config
-    in_use = providers_in_use(config)
-    return {
-        "providers": [
-            {
-                "name": name,
-                "kind": entry.kind,
-                "model": entry.model,
-                "api_key_env": entry.api_key_env,
-                "key_present": config.key_present(name),
-                "in_panel": name in config.panel,
-                "roles": _roles_of(runtime, name) if name in in_use else [],
-                "breaker": runtime.providers.get(name).breaker.state,
-                "price_known": entry.price is not None,
-            }
-            for name, entry in config.providers.items()
-        ]
-    }
-
-
-def _roles_of(runtime: Runtime, name: str) -> list[str]:
-    roles = runtime.config.roles
-    return [
-        role
-        for role, who in (
-            ("proposer", [roles.proposer]),
-            ("critic", roles.critics),
-            ("synthesizer", [roles.synthesizer, *roles.synthesizer_fallbacks]),
-        )
-        if name in who
-    ]
-
-
-def render_confer(result: Mapping[str, Any]) -> str:
-    lines = [_headline("confer", result)]
-    for answer in result.get("answers", []):
-        lines.append(f"\n## {answer['provider']} ({answer.get('model') or '?'}) — {answer['status']}")
-        lines.append(answer["text"] if answer.get("text") else _error_line(answer))
-    if result.get("plan"):
-        lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
-    return "\n".join(lines)
-
-
-def render_coordinate(result: Mapping[str, Any]) -> str:
-    lines = [_headline("coordinate", result)]
-    synthesis = result.get("synthesis") or {}
-    envelope = synthesis.get("envelope")
-    if envelope:
-        lines.append(f"\n## synthesis by {synthesis['provider']} (confidence {envelope.get('confidence')})")
-        lines.append(str(envelope.get("answer")))
-        for point in envelope.get("dissent") or []:
-            lines.append(f"- dissent: {point}")
-    proposal = (result.get("proposal") or {}).get("envelope")
-    if proposal:
-        lines.append(f"\n## proposal by {result['proposal']['provider']}\n{proposal.get('proposal')}")
-    for critique in result.get("critiques", []):
-        verdict = (critique.get("envelope") or {}).get("verdict", critique["status"])
-        lines.append(f"- critic {critique['provider']}: {verdict}")
-    if result.get("plan"):
-        lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
-    return "\n".join(lines)
-
-
-def _headline(tool: str, result: Mapping[str, Any]) -> str:
-    usage = result.get("usage") or {}
-    cost = usage.get("cost_usd")
-    head = f"{tool} session {result.get('session_id')}: cost {'unknown' if cost is None else f'${cost:.6f}'}"
-    if result.get("degraded"):
-        reasons = ", ".join(f"{r['provider']} {r['status']}" for r in result.get("degraded_reasons", []))
-        head += f" — DEGRADED ({reasons})"
-    return head
-
-
-def _error_line(answer: Mapping[str, Any]) -> str:
-    error = answer.get("error") or {}
-    return f"[{error.get('code', answer['status'])}] {error.get('message', '')}"
-
-
-def render_providers(result: Mapping[str, Any]) -> str:
-    return "\n".join(
-        f"{p['name']}: {p['kind']} {p['model']} key={'yes' if p['key_present'] else 'no'} "
-        f"panel={'yes' if p['in_panel'] else 'no'} breaker={p['breaker']}"
-        for p in result["providers"]
-    )
-
-
-def server_tools(runtime: Runtime) -> dict[str, ServerTool]:
-    """Every tool, in the order tools/list shows them."""
-    registry = runtime.tools
-    fetch, verify = registry.get("fetch"), registry.get("verify")
-    tools = [
-        ServerTool(
-            "confer",
-            "Ask the panel",
-            _CONFER_DESCRIPTION,
-            _confer,
-            render_confer,
-            {"readOnlyHint": True, "openWorldHint": True, "idempotentHint": False},
-        ),
-        ServerTool(
-            "coordinate",
-            "Run a structured debate",
-            _COORDINATE_DESCRIPTION,
-            _coordinate,
-            render_coordinate,
-            {"readOnlyHint": True, "openWorldHint": True, "idempotentHint": False},
-        ),
-        ServerTool(
-            "fetch",
-            fetch.title,
-            fetch.description,
-            _registry_tool("fetch"),
-            fetch.render,
-            {k: v for k, v in fetch.annotations.items() if k != "title"},
-        ),
-        ServerTool(
-            "verify",
-            verify.title,
-            verify.description,
-            _registry_tool("verify"),
-            verify.render,
-            {k: v for k, v in verify.annotations.items() if k != "title"},
-        ),
-        ServerTool(
-            "list_providers",
-            "List providers",
-            "Every configured provider: kind, model, whether its key "
-            "is present (never the key), whether it is in the default panel, and its breaker state.",
-            _list_providers,
-            render_providers,
-            {"readOnlyHint": True, "openWorldHint": False, "idempotentHint": True},
-        ),
-    ]
-    return {tool.name: tool for tool in tools}
-
-
-_CONFER_DESCRIPTION = (
-    "Ask every provider in the panel the same question in parallel and get every answer back, each with "
-    "its status, usage and cost. One provider failing never fails the call; a partial result is flagged "
-    "degraded. Optionally let panel members fetch evidence or run checks (worker_tools)."
-)
-_COORDINATE_DESCRIPTION = (
-    "Run a structured debate: a proposer answers, critics review the proposal independently and in "
-    "parallel, and a synthesizer combines them into a final answer with what was resolved and what "
-    "remains in dissent. 1-3 rounds; the synthesizer falls back to another provider if it fails."
-)
+TOOL_NAMES = tuple(info.name for info in SERVER_TOOLS)  # the order tools/list shows them in

@@ -5,30 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from conclave.catalog import FETCH_INFO, VERIFY_INFO
 from conclave.tools.context import ToolContext
 from conclave.tools.fetch import fetch, render_fetch
 from conclave.tools.registry import Tool, ToolRegistry
 from conclave.tools.verify import render_verify, run_verify
 
-__all__ = ["Tool", "ToolContext", "ToolRegistry", "build_registry"]
+__all__ = ["Tool", "ToolContext", "ToolRegistry", "build_registry", "render_fetch", "render_verify"]
 
 FETCH = Tool(
-    name="fetch",
-    title="Fetch a web page",
-    description=(
-        "Fetch one http(s) URL and return its readable text (HTML reduced to text; JSON and plain "
-        "text as sent). Private, loopback and cloud-metadata addresses are refused, redirects are "
-        "re-checked, and the body is capped."
-    ),
+    name=FETCH_INFO.name,
+    title=FETCH_INFO.title,
+    description=FETCH_INFO.description,
     handler=fetch,
     render=render_fetch,
-    annotations={
-        "title": "Fetch a web page",
-        "readOnlyHint": True,
-        "destructiveHint": False,
-        "idempotentHint": True,
-        "openWorldHint": True,
-    },
+    annotations=FETCH_INFO.annotations,
 )
 
 
@@ -37,22 +28,12 @@ async def _verify(args: Mapping[str, Any], _ctx: ToolContext) -> dict[str, Any]:
 
 
 VERIFY = Tool(
-    name="verify",
-    title="Run deterministic checks",
-    description=(
-        "Run deterministic checks with no network and no eval: regex, json_schema, math "
-        "(+ - * / // % ** and parentheses over numbers), equals, contains, json_parse. "
-        "Returns whether all passed and a result per check."
-    ),
+    name=VERIFY_INFO.name,
+    title=VERIFY_INFO.title,
+    description=VERIFY_INFO.description,
     handler=_verify,
     render=render_verify,
-    annotations={
-        "title": "Run deterministic checks",
-        "readOnlyHint": True,
-        "destructiveHint": False,
-        "idempotentHint": True,
-        "openWorldHint": False,
-    },
+    annotations=VERIFY_INFO.annotations,
 )
 
 

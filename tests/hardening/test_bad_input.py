@@ -1037,7 +1037,7 @@ async def test_a_cancellation_naming_an_unusable_request_id_is_ignored_and_the_s
         {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": target}}
     )
     stdio = MemoryStdio(note + b"\n" + b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
-    await serve_lines(runtime, stdio.read_line, stdio.write)
+    await serve_lines(Server(runtime), stdio.read_line, stdio.write)
     assert stdio.written == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
 
 
@@ -1057,7 +1057,7 @@ async def test_a_bug_in_dispatch_costs_one_reply_never_the_server(
     stdio = MemoryStdio(
         b'{"jsonrpc":"2.0","id":7,"method":"explode"}\n{"jsonrpc":"2.0","id":8,"method":"ping"}\n'
     )
-    await serve_lines(runtime, stdio.read_line, stdio.write, server=Flaky(runtime))
+    await serve_lines(Flaky(runtime), stdio.read_line, stdio.write)
     by_id = {reply["id"]: reply for reply in stdio.written}
     assert by_id[8] == {"jsonrpc": "2.0", "id": 8, "result": {}}
     assert by_id[7]["error"]["code"] == -32603

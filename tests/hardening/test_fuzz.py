@@ -610,7 +610,7 @@ def test_any_bytes_on_the_stdio_wire_get_well_formed_replies_and_the_server_keep
     with case("jsonrpc: bytes through serve_lines"):
         data = b"\n".join(lines) + b"\n" + PING + b"\n"
         stdio = MemoryStdio(data)
-        served.call(lambda: serve_lines(served.runtime, stdio.read_line, stdio.write, server=served.server))
+        served.call(lambda: serve_lines(served.server, stdio.read_line, stdio.write))
         expected: list[Signature] = []
         for line in data.split(b"\n"):
             expected += expect_line(line)

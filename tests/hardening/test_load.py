@@ -26,6 +26,7 @@ from aiohttp import web
 from conclave.config import load_config
 from conclave.deliberation.confer import confer
 from conclave.runtime import open_runtime
+from conclave.server.core import Server
 from conclave.server.http import build_app
 from conclave.sim import Reply, Scenario, SimPanel
 from tests.hardening.figures import long_run, record
@@ -216,7 +217,7 @@ async def http_base_url(tmp_path: Path) -> AsyncIterator[str]:
         panel.set_scenario("m-alpha", Scenario(latency_ms=600))
         config = load_config(str(panel_config(panel, tmp_path)), env={}, dotenv=None)
         async with open_runtime(config) as runtime:
-            runner = web.AppRunner(build_app(runtime), access_log=None)
+            runner = web.AppRunner(build_app(Server(runtime)), access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

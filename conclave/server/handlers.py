@@ -1,0 +1,149 @@
+"""What each server tool does: its handler and how its result reads as text (the MCP `content`
+block). Imported once the runtime is loading; `surface` describes the same tools without it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from conclave.deliberation.common import ProgressSink
+from conclave.deliberation.confer import confer
+from conclave.deliberation.coordinate import coordinate
+from conclave.doctor import providers_in_use
+from conclave.runtime import Runtime
+from conclave.schemas import check_arguments
+from conclave.tools import render_fetch, render_verify
+
+Handler = Callable[[Runtime, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTool:
+    name: str
+    handler: Handler
+    render: Callable[[Mapping[str, Any]], str]
+
+    async def call(
+        self, runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
+    ) -> dict[str, Any]:
+        check_arguments(f"{self.name}.input.json", args, tool=self.name)
+        return await self.handler(runtime, args, progress)
+
+
+async def _confer(runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
+    return await confer(runtime, args, progress=progress)
+
+
+async def _coordinate(
+    runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
+) -> dict[str, Any]:
+    return await coordinate(runtime, args, progress=progress)
+
+
+def _registry_tool(name: str) -> Handler:
+    async def run(runtime: Runtime, args: dict[str, Any], _progress: ProgressSink | None) -> dict[str, Any]:
+        return await runtime.call_tool(name, args)
+
+    return run
+
+
+async def _list_providers(runtime: Runtime, _args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+    config = runtime.config
+    in_use = providers_in_use(config)
+    return {
+        "providers": [
+            {
+                "name": name,
+                "kind": entry.kind,
+                "model": entry.model,
+                "api_key_env": entry.api_key_env,
+                "key_present": config.key_present(name),
+                "in_panel": name in config.panel,
+                "roles": _roles_of(runtime, name) if name in in_use else [],
+                "breaker": runtime.providers.get(name).breaker.state,
+                "price_known": entry.price is not None,
+            }
+            for name, entry in config.providers.items()
+        ]
+    }
+
+
+def _roles_of(runtime: Runtime, name: str) -> list[str]:
+    roles = runtime.config.roles
+    return [
+        role
+        for role, who in (
+            ("proposer", [roles.proposer]),
+            ("critic", roles.critics),
+            ("synthesizer", [roles.synthesizer, *roles.synthesizer_fallbacks]),
+        )
+        if name in who
+    ]
+
+
+def render_confer(result: Mapping[str, Any]) -> str:
+    lines = [_headline("confer", result)]
+    for answer in result.get("answers", []):
+        lines.append(f"\n## {answer['provider']} ({answer.get('model') or '?'}) — {answer['status']}")
+        lines.append(answer["text"] if answer.get("text") else _error_line(answer))
+    if result.get("plan"):
+        lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
+    return "\n".join(lines)
+
+
+def render_coordinate(result: Mapping[str, Any]) -> str:
+    lines = [_headline("coordinate", result)]
+    synthesis = result.get("synthesis") or {}
+    envelope = synthesis.get("envelope")
+    if envelope:
+        lines.append(f"\n## synthesis by {synthesis['provider']} (confidence {envelope.get('confidence')})")
+        lines.append(str(envelope.get("answer")))
+        for point in envelope.get("dissent") or []:
+            lines.append(f"- dissent: {point}")
+    proposal = (result.get("proposal") or {}).get("envelope")
+    if proposal:
+        lines.append(f"\n## proposal by {result['proposal']['provider']}\n{proposal.get('proposal')}")
+    for critique in result.get("critiques", []):
+        verdict = (critique.get("envelope") or {}).get("verdict", critique["status"])
+        lines.append(f"- critic {critique['provider']}: {verdict}")
+    if result.get("plan"):
+        lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
+    return "\n".join(lines)
+
+
+def _headline(tool: str, result: Mapping[str, Any]) -> str:
+    usage = result.get("usage") or {}
+    cost = usage.get("cost_usd")
+    head = f"{tool} session {result.get('session_id')}: cost {'unknown' if cost is None else f'${cost:.6f}'}"
+    if result.get("degraded"):
+        reasons = ", ".join(f"{r['provider']} {r['status']}" for r in result.get("degraded_reasons", []))
+        head += f" — DEGRADED ({reasons})"
+    return head
+
+
+def _error_line(answer: Mapping[str, Any]) -> str:
+    error = answer.get("error") or {}
+    return f"[{error.get('code', answer['status'])}] {error.get('message', '')}"
+
+
+def render_providers(result: Mapping[str, Any]) -> str:
+    return "\n".join(
+        f"{p['name']}: {p['kind']} {p['model']} key={'yes' if p['key_present'] else 'no'} "
+        f"panel={'yes' if p['in_panel'] else 'no'} breaker={p['breaker']}"
+        for p in result["providers"]
+    )
+
+
+def server_tools() -> dict[str, ServerTool]:
+    """Every tool's behaviour, by name (`surface.TOOL_NAMES` is the order tools/list shows)."""
+    tools = (
+        ServerTool("confer", _confer, render_confer),
+        ServerTool("coordinate", _coordinate, render_coordinate),
+        ServerTool("fetch", _registry_tool("fetch"), render_fetch),
+        ServerTool("verify", _registry_tool("verify"), render_verify),
+        ServerTool("list_providers", _list_providers, render_providers),
+    )
+    return {tool.name: tool for tool in tools}
