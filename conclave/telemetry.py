@@ -1,6 +1,6 @@
 """Telemetry: one JSON object per line, appended to `telemetry.path`, never to stdout.
 
-structlog builds each event (contextvars supply `session_id`, bound once per session),
+structlog builds each event (a context variable supplies `session_id`, bound once per session),
 a redaction step removes secrets, content fields are dropped unless
 `telemetry.include_content` is on, and orjson renders the line. Event shapes live in
 `schemas/events/`.
@@ -8,18 +8,18 @@ a redaction step removes secrets, content fields are dropped unless
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
-from structlog.contextvars import bound_contextvars, get_contextvars, merge_contextvars
 from structlog.typing import EventDict, WrappedLogger
 
 from conclave.redact import Redactor
@@ -95,9 +95,7 @@ class Telemetry:
         self._include_content = include_content
         # A concrete logger, not `wrap_logger`'s lazy proxy: the proxy builds a fresh logger per
         # event, each one a reference cycle left for the garbage collector.
-        self._log = structlog.BoundLogger(
-            self._sink, processors=[merge_contextvars, self._render], context={}
-        )
+        self._log = structlog.BoundLogger(self._sink, processors=[_add_session, self._render], context={})
 
     @classmethod
     def for_config(cls, config: Config) -> Telemetry:
@@ -113,7 +111,7 @@ class Telemetry:
             self._log.msg(event, **fields)
             # Outside a session (a direct tool call, a server error) no session_end will come to
             # flush it, and the server may sit idle for hours: write it out now.
-            if event in _FLUSH_AFTER or "session_id" not in get_contextvars():
+            if event in _FLUSH_AFTER or _SESSION_ID.get() is None:
                 self._sink.flush()
 
     def flush(self) -> None:
@@ -136,11 +134,37 @@ class Telemetry:
         return self._redactor.json_bytes(line)
 
 
-@contextlib.contextmanager
-def session(session_id: str) -> Iterator[None]:
+# The session a task is working for; tasks started inside inherit it. Conclave's own variable
+# (not structlog's contextvars, which copy the whole context to read one key): events read it
+# several times per provider call.
+_SESSION_ID: ContextVar[str | None] = ContextVar("conclave_session_id", default=None)
+_ALREADY_BOUND = nullcontext()
+
+
+def session(session_id: str) -> AbstractContextManager[object]:
     """Bind `session_id` to every event emitted in this context (and tasks started in it)."""
-    if get_contextvars().get("session_id") == session_id:
-        yield  # already bound by an outer layer: binding again costs a context copy per call
-        return
-    with bound_contextvars(session_id=session_id):
-        yield
+    if _SESSION_ID.get() == session_id:
+        return _ALREADY_BOUND  # bound by an outer layer (the usual case for a provider call)
+    return _Binding(session_id)
+
+
+class _Binding:
+    __slots__ = ("_session_id", "_token")
+
+    def __init__(self, session_id: str) -> None:
+        self._session_id = session_id
+        self._token: Token[str | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _SESSION_ID.set(self._session_id)
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            _SESSION_ID.reset(self._token)
+
+
+def _add_session(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
+    session_id = _SESSION_ID.get()
+    if session_id is None or "session_id" in event:
+        return event
+    return {"session_id": session_id, **event}

@@ -276,3 +276,27 @@ async def test_progress_reports_one_step_per_provider(open_rt: Callable[..., Any
         await confer(rt, {"question": "q"}, progress=sink)
     assert sorted(s["provider"] for s in steps) == ["alpha", "beta", "gamma"]
     assert [s["done"] for s in steps] == [1, 2, 3]
+
+
+async def test_a_bug_in_one_providers_turn_costs_that_answer_only(
+    open_rt: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a provider failure but a defect (here the adapter's parser raising something no
+    provider error maps to): that member's answer is `internal_error`, with secrets redacted;
+    the others answer, and the call returns."""
+    secret = "sk-internal-bug-secret-0123456789abcdef"  # redacted by its shape
+    async with open_rt() as rt:
+        beta = rt.providers.get("beta")
+
+        def broken(*_args: Any) -> Any:
+            raise RuntimeError(f"parser bug near {secret}")
+
+        monkeypatch.setattr(beta.adapter, "parse", broken)
+        result = await run_confer(rt)
+    answers = by_provider(result)
+    assert answers["beta"]["status"] == "error"
+    assert answers["beta"]["error"]["code"] == "internal_error"
+    assert "RuntimeError: parser bug near" in answers["beta"]["error"]["message"]
+    assert secret not in json.dumps(result)
+    assert answers["alpha"]["status"] == answers["gamma"]["status"] == "ok"
+    assert result["degraded"] is True

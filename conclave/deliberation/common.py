@@ -158,13 +158,15 @@ def unknown_provider(name: str, runtime: Runtime, *, role: str | None = None) ->
     )
 
 
-async def run_turn(runtime: Runtime, turn: WorkerTurn, *, tools_on: bool) -> Answer:
-    """One provider's worker turn as an Answer; a failure becomes a status, never an exception."""
+def answer_of(runtime: Runtime, turn: WorkerTurn, outcome: WorkerOutcome, *, tools_on: bool) -> Answer:
+    """A finished worker turn as an Answer; a failure is a status, never an exception.
+
+    Callers await `runtime.worker.run(turn)` themselves and pass the outcome here: a coroutine
+    layer of its own would stay suspended for the whole provider call."""
     name = turn.provider.name
     model = runtime.config.providers[name].model
-    try:
-        outcome = await runtime.worker.run(turn)
-    except Exception as exc:  # a bug must cost one answer, not the whole call
+    if outcome.failure is not None:  # a bug must cost one answer, not the whole call
+        exc = outcome.failure
         message = runtime.telemetry.redactor.text(f"{type(exc).__name__}: {exc}")
         return Answer(
             name, model, "error", error={"code": "internal_error", "message": message}, role=turn.role

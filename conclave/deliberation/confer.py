@@ -14,9 +14,9 @@ from conclave.deliberation.common import (
     ProgressSink,
     Session,
     ToolPlan,
+    answer_of,
     close_cancelled_session,
     merged_warnings,
-    run_turn,
     timed_out,
     total_usage,
     unknown_provider,
@@ -98,7 +98,9 @@ class _Confer:
         if name not in self.runtime.config.providers:
             done[name] = unknown_provider(name, self.runtime)
         else:
-            done[name] = await run_turn(self.runtime, self._turn(name, deadline), tools_on=self._tools_on)
+            turn = self._turn(name, deadline)
+            outcome = await self.runtime.worker.run(turn)
+            done[name] = answer_of(self.runtime, turn, outcome, tools_on=self._tools_on)
         if self.progress is not None:
             answer = done[name]
             await self.progress(

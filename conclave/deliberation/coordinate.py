@@ -17,9 +17,9 @@ from conclave.deliberation.common import (
     ProgressSink,
     Session,
     ToolPlan,
+    answer_of,
     close_cancelled_session,
     merged_warnings,
-    run_turn,
     timed_out,
     total_usage,
     unknown_provider,
@@ -238,7 +238,7 @@ class _Debate:
             canary=self.session.canary if tools else "",
             role=role,
         )
-        return await run_turn(self.runtime, turn, tools_on=bool(tools))
+        return answer_of(self.runtime, turn, await self.runtime.worker.run(turn), tools_on=bool(tools))
 
     def _invalid(
         self, role: Role, name: str, number: int, attempt: int, error: str, *, final: bool = False

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -84,30 +84,32 @@ class ProviderClient:
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
         started = self._clock()
-        policy = _CallRetryPolicy(self, deadline)
+        policy: _CallRetryPolicy | None = None  # made on a first failure: most calls need none
         try:
             self._require_key()
             self.breaker.check()
-            wire = self.adapter.build(request, self.entry, self._key)
-            policy.attempts = 1
-            try:  # the first attempt runs bare: most calls need no other
+            wire = _Outgoing.encode(self.adapter.build(request, self.entry, self._key))
+            try:
                 parsed = await self._attempt(wire, deadline)
             except ProviderError as exc:
+                policy = _CallRetryPolicy(self, deadline)
                 parsed = await self._retries(wire, deadline, policy, exc)
         except ProviderError as exc:
-            final = policy.give_up(exc)
+            final, attempts = (policy.give_up(exc), policy.attempts) if policy else (exc, 0)
+            final.provider = self.name
             self._settle_breaker(final)
-            self._emit_call(started, policy.attempts, error=final)
+            self._emit_call(started, attempts, error=final)
             if final is exc:
                 raise
             raise final from exc
         self.breaker.record_success()
-        completion = self._finish(parsed, started, policy.attempts)
-        self._emit_call(started, policy.attempts, completion=completion)
+        attempts = policy.attempts if policy else 1
+        completion = self._finish(parsed, started, attempts)
+        self._emit_call(started, attempts, completion=completion)
         return completion
 
     async def _retries(
-        self, wire: WireRequest, deadline: float, policy: _CallRetryPolicy, first: ProviderError
+        self, wire: _Outgoing, deadline: float, policy: _CallRetryPolicy, first: ProviderError
     ) -> ParsedCompletion:
         """After a failed first attempt: tenacity drives the retries `decide` allows."""
         if not policy.judge(first, attempt=1):
@@ -134,7 +136,7 @@ class ProviderClient:
                 provider=self.name,
             )
 
-    async def _attempt(self, wire: WireRequest, deadline: float) -> ParsedCompletion:
+    async def _attempt(self, wire: _Outgoing, deadline: float) -> ParsedCompletion:
         """One HTTP exchange within the attempt's budget, slot wait included.
 
         The common case, a free slot on the direct transport, runs without a cancel scope: the
@@ -183,22 +185,21 @@ class ProviderClient:
         what = "connection dropped" if failure == "connection_dropped" else "cannot connect"
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=failure)
 
-    def _post(self, wire: WireRequest, seconds: float) -> Awaitable[tuple[int, RawHeaders, bytes]]:
+    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, RawHeaders, bytes]]:
         """The exchange to await. A plain function, so no coroutine layer of its own stays
         suspended for the whole round trip."""
         if self._direct is not None:
-            body = orjson.dumps(wire.body)
-            return self._direct.exchange("POST", wire.url, wire.headers, body, total=seconds)
+            return self._direct.exchange("POST", wire.url, wire.headers, wire.content, total=seconds)
         return self._post_httpx(wire, seconds)
 
-    async def _post_httpx(self, wire: WireRequest, seconds: float) -> tuple[int, RawHeaders, bytes]:
+    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, RawHeaders, bytes]:
         """Through httpx's transport seam, straight on the transport: provider calls need none
         of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
         request = httpx.Request(
             "POST",
             _parsed_url(wire.url),
             headers=wire.headers,
-            content=orjson.dumps(wire.body),
+            content=wire.content,
             extensions={
                 "timeout": {"connect": min(seconds, 10.0), "read": seconds, "write": seconds, "pool": seconds}
             },
@@ -298,14 +299,30 @@ class ProviderClient:
         return self._telemetry.redactor.text(text)
 
 
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A request as sent: the body encoded once, for every attempt. Only this stays alive while
+    the call waits, not the adapter's body dicts and lists (objects the collector would walk)."""
+
+    url: str
+    headers: Mapping[str, str]
+    content: bytes
+
+    @classmethod
+    def encode(cls, wire: WireRequest) -> _Outgoing:
+        return cls(wire.url, wire.headers, orjson.dumps(wire.body))
+
+
 class _CallRetryPolicy:
     """tenacity's hooks for one call: `decide` judges each failure against the deadline,
     and the last verdict explains why Conclave stopped asking."""
 
+    __slots__ = ("_client", "_deadline", "attempts", "decision")
+
     def __init__(self, client: ProviderClient, deadline: float) -> None:
         self._client = client
         self._deadline = deadline
-        self.attempts = 0
+        self.attempts = 1  # made when the first attempt has failed
         self.decision: RetryDecision | None = None
 
     FIRST_ATTEMPTS_OUTSIDE = 1  # attempts made before tenacity took over

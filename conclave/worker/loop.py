@@ -74,6 +74,7 @@ class WorkerOutcome:
     warnings: list[str] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
     error: ProviderError | None = None
+    failure: Exception | None = None  # a bug: it costs this answer, never the whole call
 
 
 @dataclass(slots=True)
@@ -114,13 +115,20 @@ class WorkerLoop:
         state = _TurnState(
             turn, HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap), list(turn.messages)
         )
-        step: Step | None = self._call_model
         with session(turn.session_id):
             try:
-                while step is not None:
-                    step = await step(state)
+                if turn.tools:
+                    step: Step | None = self._call_model
+                    while step is not None:
+                        step = await step(state)
+                else:  # a plain call: the one step, awaited here (a coroutine layer less per call)
+                    self._record(
+                        state, await turn.provider.complete(self._request(state), deadline=turn.deadline)
+                    )
             except ProviderError as exc:
                 state.outcome.error = exc  # what earlier hops cost is kept, not lost
+            except Exception as exc:
+                state.outcome.failure = exc
         return self._close(state)
 
     # -- steps -----------------------------------------------------------------------------------
