@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ import anyio
 import pytest
 
 from conclave.schemas import validator
+from conclave.server.stdio import MAX_LINE_BYTES
 from conclave.sim import Reply, Scenario, SimPanel
 from tests.server_support import StdioServer, panel_config, start_server
 
@@ -115,6 +118,47 @@ async def test_huge_invalid_and_deep_inputs_do_not_stop_the_server(server: Stdio
     await server.send(b"[" * 100_000 + b"]" * 100_000)
     assert (await server.recv())["error"]["code"] == -32700
     assert (await server.request("ping", id=12))["result"] == {}
+
+
+async def test_a_line_over_the_size_cap_is_refused_whole_and_the_next_line_is_served(
+    server: StdioServer,
+) -> None:
+    """Over 32 MiB in one line: one parse error naming the cap, none of its bytes read as
+    requests (the line holds a ping), and the ping on the next line answered."""
+    filler = b"a" * (MAX_LINE_BYTES + 5 * 1024 * 1024)
+    await server.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "x": "' + filler + b'"}')
+    await server.send(b'{"jsonrpc": "2.0", "id": 2, "method": "ping"}')
+    refused = await server.recv(60)
+    assert (refused["id"], refused["error"]["code"]) == (None, -32700)
+    assert f"over {MAX_LINE_BYTES} bytes" in refused["error"]["message"]
+    assert await server.recv(60) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+async def test_requests_from_a_file_get_replies_in_a_file(panel: SimPanel, tmp_path: Path) -> None:
+    """Not a pipe (a shell redirect): stdin and stdout go through worker threads instead."""
+    requests = tmp_path / "requests.ndjson"
+    requests.write_bytes(
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n'
+        b'{"jsonrpc": "2.0", "id": 2, "method": "list_providers"}\n'
+    )
+    replies = tmp_path / "replies.ndjson"
+    config = panel_config(panel, tmp_path)
+    with requests.open("rb") as stdin, replies.open("wb") as stdout:
+        done = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(
+                [sys.executable, "-m", "conclave", "serve", "--config", str(config)],
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                timeout=60,
+                cwd=tmp_path,
+            )
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    lines = sorted(replies.read_bytes().splitlines())
+    assert len(lines) == 2
+    assert b'"id":1,"result":{}' in lines[0]
+    assert b'"name":"alpha"' in lines[1]
 
 
 async def test_server_discover_is_answered_at_once_so_clients_fall_back(server: StdioServer) -> None:
