@@ -161,6 +161,31 @@ async def test_requests_from_a_file_get_replies_in_a_file(panel: SimPanel, tmp_p
     assert b'"name":"alpha"' in lines[1]
 
 
+def test_a_client_that_stops_reading_replies_ends_the_server_quietly(tmp_path: Path) -> None:
+    """Its stdout closed under it (a client that died, `| head`): exit 0 with one line on
+    stderr, never a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conclave", "serve", "--set", f"telemetry.path={tmp_path / 'events.ndjson'}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+    proc.stdin.flush()
+    assert b'"id":1' in proc.stdout.readline()
+    proc.stdout.close()
+    proc.stdin.write(b'{"jsonrpc": "2.0", "id": 2, "method": "ping"}\n')
+    proc.stdin.flush()
+    assert proc.wait(timeout=30) == 0
+    stderr = proc.stderr.read().decode()
+    proc.stdin.close()
+    proc.stderr.close()
+    assert "Traceback" not in stderr
+    assert "stopped reading replies" in stderr
+
+
 async def test_server_discover_is_answered_at_once_so_clients_fall_back(server: StdioServer) -> None:
     reply = await server.request("server/discover", {}, id="d")
     assert (reply["id"], reply["error"]["code"]) == ("d", -32601)

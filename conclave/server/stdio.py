@@ -39,7 +39,19 @@ Write = Callable[[bytes], Awaitable[None]]
 
 async def run_stdio(config: Config) -> None:
     async with _standard_streams() as (read_line, write), serving(config) as server:
-        await serve_lines(server, read_line, write)
+        with anyio.CancelScope() as serving_scope:
+
+            async def write_or_stop(data: bytes) -> None:
+                try:
+                    await write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client closed its end of stdout: nobody is left to answer. Stop serving
+                    # (the runtime closes as usual) instead of ending in a traceback.
+                    if not serving_scope.cancel_called:
+                        print("conclave serve: the client stopped reading replies; stopping", file=sys.stderr)
+                        serving_scope.cancel()
+
+            await serve_lines(server, read_line, write_or_stop)
 
 
 @contextlib.asynccontextmanager
