@@ -8,12 +8,13 @@ from pathlib import Path
 
 import anyio
 import httpx
+import orjson
 import pytest
 
 from conclave.config import Config
 from conclave.errors import ProviderError
 from conclave.messages import CompletionRequest
-from conclave.redact import Redactor
+from conclave.redact import SENSITIVE_KEYS, Redactor
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio
@@ -97,3 +98,13 @@ def test_redactor_masks_sensitive_fields_wherever_they_nest() -> None:
         "list": [{"x-api-key": "[REDACTED]"}],
         "fine": "hello",
     }
+
+
+@pytest.mark.parametrize("name", sorted(SENSITIVE_KEYS))
+def test_every_sensitive_field_in_serialized_json_is_masked_whatever_its_case(name: str) -> None:
+    """json_bytes pre-checks a line for the names' endings before its regex runs: each name,
+    in any case, must still be caught (and a field that only resembles one left alone)."""
+    line = orjson.dumps({name.upper(): "s3cr3t-value", f"{name}_not": "visible", "note": "ok"})
+    redacted = orjson.loads(Redactor().json_bytes(line))
+    assert redacted[name.upper()] == "[REDACTED]"
+    assert redacted[f"{name}_not"] == "visible"
