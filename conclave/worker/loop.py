@@ -83,12 +83,11 @@ class _TurnState:
     hops: HopBudget
     cost: CostMeter
     messages: list[Message]
-    outcome: WorkerOutcome = field(default_factory=WorkerOutcome)
+    outcome: WorkerOutcome
     pending: ToolCall | TagError | None = None
     final_round: bool = False
     final_reason: str | None = None
     nonces: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
 
 Step = Callable[[_TurnState], Awaitable["Step | None"]]
@@ -112,32 +111,48 @@ class WorkerLoop:
         unknown = [t for t in turn.tools if t not in WORKER_ALLOWLIST]
         if unknown:
             raise ValueError(f"worker tools outside the allowlist: {unknown}")
-        state = _TurnState(
-            turn, HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap), list(turn.messages)
-        )
+        started = time.perf_counter()
+        # Only a turn with tools has hops, budgets and a conversation that grows; a plain call's
+        # outcome is made once the answer is in. Nothing of it waits with the call (each object
+        # alive across the wait is one more the collector walks).
+        state = None
+        if turn.tools:
+            hops, cost = HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap)
+            state = _TurnState(turn, hops, cost, list(turn.messages), WorkerOutcome())
+        outcome = state.outcome if state is not None else None
         with session(turn.session_id):
             try:
-                if turn.tools:
+                if state is not None:
                     step: Step | None = self._call_model
                     while step is not None:
                         step = await step(state)
                 else:  # a plain call: the one step, awaited here (a coroutine layer less per call)
-                    self._record(
-                        state, await turn.provider.complete(self._request(state), deadline=turn.deadline)
+                    request = CompletionRequest(
+                        messages=turn.messages,
+                        system=turn.system,
+                        max_tokens=turn.max_tokens,
+                        temperature=turn.temperature,
                     )
+                    completion = await turn.provider.complete(request, deadline=turn.deadline)
+                    outcome = _record(WorkerOutcome(), completion)
             except ProviderError as exc:
-                state.outcome.error = exc  # what earlier hops cost is kept, not lost
+                outcome = outcome or WorkerOutcome()
+                outcome.error = exc  # what earlier hops cost is kept, not lost
             except Exception as exc:
-                state.outcome.failure = exc
-        return self._close(state)
+                outcome = outcome or WorkerOutcome()
+                outcome.failure = exc
+        assert outcome is not None  # made on every path above
+        outcome.latency_ms = (time.perf_counter() - started) * 1000.0
+        if state is not None:
+            outcome.cost_cap = state.cost.block()
+        return outcome
 
     # -- steps -----------------------------------------------------------------------------------
 
     async def _call_model(self, state: _TurnState) -> Step | None:
         completion = await state.turn.provider.complete(self._request(state), deadline=state.turn.deadline)
-        self._record(state, completion)
-        if not state.turn.tools:
-            return self._finish
+        _record(state.outcome, completion)
+        self._meter(state, completion)
         found = find_tool_call(completion.text, truncated=completion.finish_reason == "length")
         if found is None:
             return self._finish
@@ -263,24 +278,8 @@ class WorkerLoop:
             temperature=turn.temperature,
         )
 
-    def _record(self, state: _TurnState, completion: Completion) -> None:
-        out = state.outcome
-        out.text, out.finish_reason, out.model = completion.text, completion.finish_reason, completion.model
-        out.usage = _add_usage(out.usage, completion.usage, first=out.hops == 0)
-        out.hops += 1
-        out.exchanges.append(
-            {
-                "hop": out.hops,
-                "model": completion.model,
-                "text": completion.text,
-                "finish_reason": completion.finish_reason,
-                "usage": completion.usage.to_dict(),
-            }
-        )
-        for warning in completion.warnings:
-            if warning not in out.warnings:
-                out.warnings.append(warning)
-        if state.turn.tools and state.cost.add(completion.usage.cost_usd) and state.cost.cap.mode == "warn":
+    def _meter(self, state: _TurnState, completion: Completion) -> None:
+        if state.cost.add(completion.usage.cost_usd) and state.cost.cap.mode == "warn":
             self._emit(
                 "worker_tool_cost_warning",
                 state,
@@ -288,13 +287,6 @@ class WorkerLoop:
                 observed_usd=round(state.cost.observed_usd, 10),
                 mode="warn",
             )
-
-    def _close(self, state: _TurnState) -> WorkerOutcome:
-        out = state.outcome
-        out.latency_ms = (time.perf_counter() - state.started) * 1000.0
-        if state.turn.tools:
-            out.cost_cap = state.cost.block()
-        return out
 
     def _emit_inner(self, state: _TurnState, call: InnerCall, started: float, size: int) -> None:
         self._emit(
@@ -327,6 +319,26 @@ def _refusal_reason(exc: ToolRefused) -> tuple[str, Mapping[str, Any] | None]:
     if exc.tool == "fetch" and exc.reason not in _FETCH_REASONS_PASSED_THROUGH:
         return "fetch_blocked", {"fetch_reason": exc.reason}
     return exc.reason, None
+
+
+def _record(out: WorkerOutcome, completion: Completion) -> WorkerOutcome:
+    """One model call into the turn's outcome: its text, summed usage and an exchange."""
+    out.text, out.finish_reason, out.model = completion.text, completion.finish_reason, completion.model
+    out.usage = _add_usage(out.usage, completion.usage, first=out.hops == 0)
+    out.hops += 1
+    out.exchanges.append(
+        {
+            "hop": out.hops,
+            "model": completion.model,
+            "text": completion.text,
+            "finish_reason": completion.finish_reason,
+            "usage": completion.usage.to_dict(),
+        }
+    )
+    for warning in completion.warnings:
+        if warning not in out.warnings:
+            out.warnings.append(warning)
+    return out
 
 
 def _add_usage(total: Usage, more: Usage, *, first: bool) -> Usage:
