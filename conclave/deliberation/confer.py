@@ -62,6 +62,7 @@ class _Confer:
         self.providers: tuple[str, ...] = tuple(args.get("providers") or config.panel)
         self.timeout = float(args.get("timeout_seconds") or config.limits.timeout_seconds)
         self.max_tokens = int(args.get("max_tokens") or config.limits.max_tokens)
+        self.messages = user_messages(args["question"], args.get("context"))  # one for every member
         self.started = time.perf_counter()
 
     async def run(self) -> dict[str, Any]:
@@ -115,7 +116,7 @@ class _Confer:
         args = self.args
         return WorkerTurn(
             provider=self.runtime.providers.get(name),
-            messages=user_messages(args["question"], args.get("context")),
+            messages=self.messages,
             deadline=deadline,
             session_id=self.session.id,
             system=args.get("system"),
@@ -156,9 +157,7 @@ class _Confer:
                 canary=self.session.canary,
             )
             system = with_hint(system, hint)
-        prompt = "".join(m.content for m in user_messages(args["question"], args.get("context"))) + (
-            system or ""
-        )
+        prompt = "".join(m.content for m in self.messages) + (system or "")
         shape = TurnShape(
             len(prompt.encode("utf-8")),
             self.max_tokens,
