@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -12,7 +15,7 @@ import anyio
 import pytest
 
 from conclave.schemas import validator
-from conclave.server.stdio import MAX_LINE_BYTES
+from conclave.server.stdio import MAX_LINE_BYTES, _is_pipe
 from conclave.sim import Reply, Scenario, SimPanel
 from tests.server_support import StdioServer, panel_config, start_server
 
@@ -159,6 +162,27 @@ async def test_requests_from_a_file_get_replies_in_a_file(panel: SimPanel, tmp_p
     assert len(lines) == 2
     assert b'"id":1,"result":{}' in lines[0]
     assert b'"name":"alpha"' in lines[1]
+
+
+def test_only_pipes_and_sockets_take_the_event_loop_path(tmp_path: Path) -> None:
+    """Pipes (how MCP clients spawn servers) are served on the event loop; a regular file, or a
+    stream without a descriptor, goes through threads (a pipe transport on a shared terminal
+    would leave it non-blocking for the shell)."""
+    read_end, write_end = os.pipe()
+    left, right = socket.socketpair()
+    regular = tmp_path / "requests.ndjson"
+    regular.write_bytes(b"")
+    with (
+        os.fdopen(read_end, "rb") as pipe_in,
+        os.fdopen(write_end, "wb") as pipe_out,
+        left,
+        right,
+        left.makefile("rb") as socket_in,
+        regular.open("rb") as plain_file,
+    ):
+        assert _is_pipe(pipe_in) and _is_pipe(pipe_out) and _is_pipe(socket_in)
+        assert not _is_pipe(plain_file)
+        assert not _is_pipe(io.BytesIO(b""))
 
 
 def test_a_client_that_stops_reading_replies_ends_the_server_quietly(tmp_path: Path) -> None:

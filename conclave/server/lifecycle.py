@@ -32,7 +32,7 @@ async def serving(config: Config) -> AsyncIterator[Server]:
     calls still running have finished (the caller waits for them) and the runtime closes."""
     telemetry = Telemetry.for_config(config)
     server = Server(telemetry=telemetry)
-    failure: list[BaseException] = []
+    failure: list[Exception] = []
     try:
         async with anyio.create_task_group() as group:
             done = anyio.Event()
@@ -51,7 +51,7 @@ async def _hold_runtime(
     config: Config,
     server: Server,
     done: anyio.Event,
-    failure: list[BaseException],
+    failure: list[Exception],
     serving_scope: anyio.CancelScope,
 ) -> None:
     try:

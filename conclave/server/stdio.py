@@ -97,8 +97,9 @@ def _is_pipe(stream: Any) -> bool:
 
 def _pipe_reader(reader: asyncio.StreamReader) -> ReadLine:
     async def read_line(limit: int) -> bytes:
-        """A line with its newline; at most about `limit` bytes of an over-long one (the rest
-        comes on the next calls, as with `readline(limit)`); b"" at end of input."""
+        """A line with its newline, whole up to MAX_LINE_BYTES (the reader's own cap); of a line
+        longer than that, a chunk of at most `limit` bytes without a newline, the rest coming
+        on the next calls; b"" at end of input. `serve_lines` relies on no more than that."""
         try:
             return await reader.readuntil(b"\n")
         except asyncio.IncompleteReadError as end:
