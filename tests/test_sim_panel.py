@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+import anyio
 import httpx
 import pytest
 
@@ -292,6 +293,23 @@ async def test_a_reply_latency_delays_the_answer_but_it_still_arrives(
     assert r.json()["content"][0]["text"] == "eventually"
 
 
+async def test_a_client_that_hangs_up_while_the_model_thinks_is_recorded_as_aborted_at_once(
+    panel: SimPanel, client: httpx.AsyncClient
+) -> None:
+    script(panel, "slow", Reply(text="never sent", latency_ms=30_000))
+
+    with anyio.move_on_after(0.2):  # the caller gives up; httpx closes the connection
+        await ask_openai(client, panel, "slow")
+    with anyio.fail_after(5):  # long before the 30 s "thinking" time is over
+        while not panel.aborted:
+            await anyio.sleep(0.01)
+    answered = await ask_openai(client, panel, "quick")
+
+    assert answered.status_code == 200
+    assert panel.aborted == ["slow"]
+    assert panel.calls("slow") == 1
+
+
 # ------------------------------------------------------------------------- faults
 
 
@@ -549,6 +567,13 @@ async def test_an_unknown_path_is_a_json_404(panel: SimPanel, client: httpx.Asyn
     assert r.status_code == 404
     assert r.json()["error"]["code"] == 404
     assert panel.received == []
+
+
+async def test_an_api_path_answers_only_post(panel: SimPanel, client: httpx.AsyncClient) -> None:
+    r = await client.get(panel.base_url("openai") + "/chat/completions")
+
+    assert r.status_code == 404
+    assert "no route for GET" in r.json()["error"]["message"]
 
 
 # ------------------------------------------------------------------------- recording and control

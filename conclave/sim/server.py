@@ -5,10 +5,11 @@ providers, so tests, the demo and the benchmark exercise the real HTTP path. Eve
 answer is scripted (`Scenario`) or a deterministic default labelled `[simulated <model>]`,
 and every response carries `server: conclave-sim`.
 
-aiohttp runs on asyncio, so this module uses asyncio directly (latency is an
-`asyncio.sleep`); the rest of Conclave stays on anyio. The request path is kept lean
-because the benchmark uses this server as its fake provider at 0 ms latency: no
-per-request logging, no access log, orjson for bodies.
+aiohttp runs on asyncio, so this module uses asyncio directly (latency is one
+`asyncio.sleep` per request); the rest of Conclave stays on anyio. The request path is
+kept lean because the benchmark runs this server as its fake provider, in its own process
+but on the same cores as what it measures: no per-request logging, no access log, no
+timer wake-ups while a request waits, orjson for bodies.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ class SimPanel:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> SimPanel:
-        runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            self.build_app(), access_log=None, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, self._host, self._requested_port).start()
@@ -113,6 +116,10 @@ class SimPanel:
         app.router.add_get("/_sim/calls", self._calls_json)
         app.router.add_get("/_sim/scenarios", self._scenarios_json)
         app.router.add_put("/_sim/scenarios/{model:.+}", self._put_scenario)
+        # The announced paths are exact routes (a dictionary lookup); any other prefix still
+        # reaches the API through the catch-all, which routes by suffix.
+        for path in (f"{BASE_PATHS['openai']}/chat/completions", f"{BASE_PATHS['anthropic']}/v1/messages"):
+            app.router.add_route("*", path, self._api)
         app.router.add_route("*", "/{tail:.*}", self._api)
         return app
 
@@ -176,9 +183,8 @@ class SimPanel:
         scenario = self._scenarios.get(parsed.model)
         reply = choose_reply(scenario, call, parsed.last_text) or _DEFAULT_REPLY
         delay_ms = resolve_latency_ms(reply, scenario, self._latency_ms)
-        if delay_ms > 0 and not await _wait_while_connected(request, delay_ms / 1000):
-            self.aborted.append(parsed.model)  # the client gave up (a cancelled call, a deadline)
-            return web.Response(status=499)
+        if delay_ms > 0:
+            await self._think(request, parsed.model, delay_ms / 1000)
         if reply.status != 200 and reply.fault is None:
             spec = wire.ErrorSpec(
                 reply.status,
@@ -190,6 +196,18 @@ class SimPanel:
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
         answer = build_answer(parsed, reply, call=call, seq=seq)
         return await _success_response(request, kind, answer, reply)
+
+    async def _think(self, request: web.Request, model: str, seconds: float) -> None:
+        """Wait out the latency. One timer per request, not a polling loop: the runner has
+        aiohttp cancel this handler the moment its client hangs up (a cancelled call, a
+        deadline), which is when the model is recorded as aborted."""
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                self.aborted.append(model)
+            raise
 
     def _remember(self, kind: Kind, request: web.Request, model: str, body: Any) -> None:
         self.received.append(
@@ -261,18 +279,6 @@ def _answer_text(
     if cap is not None and wire.estimate_output_tokens(text) > cap:
         return text[: max(cap, 0) * 4], "length"
     return text, reply.finish_reason
-
-
-async def _wait_while_connected(request: web.Request, seconds: float) -> bool:
-    """Sleep `seconds` in short slices; False as soon as the client has hung up."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + seconds
-    while (left := until - loop.time()) > 0:
-        await asyncio.sleep(min(left, 0.05))
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return False
-    return True
 
 
 async def _success_response(
