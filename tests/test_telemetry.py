@@ -1,0 +1,99 @@
+"""The event log's own mechanics: timestamps, redaction of serialized lines, what is written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conclave.redact import Redactor
+from conclave.telemetry import Telemetry, UtcStamp, session
+
+SECRET = "configured-0123456789-secret"  # no credential shape: only the configured value can catch it
+
+
+def isoformat_of(ns: int) -> str:
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos // 1000)
+    return moment.isoformat(timespec="microseconds")
+
+
+@pytest.mark.parametrize(
+    "instants",
+    [
+        [0, 999_999_999, 1_000_000_000],  # the epoch, and the first second boundary
+        [1_764_000_000_123_456_789, 1_764_000_000_999_999_000, 1_764_000_001_000_001_000],
+        [
+            1_764_000_059_500_000_000,
+            1_764_000_060_000_000_000,
+            1_764_000_059_999_000_000,
+        ],  # a clock step back
+        [1_767_225_599_999_999_999, 1_767_225_600_000_000_000],  # a new year
+    ],
+)
+def test_a_stamp_is_what_isoformat_writes_across_second_boundaries(instants: list[int]) -> None:
+    clock = iter(instants)
+    stamp = UtcStamp(lambda: next(clock))
+
+    assert [stamp() for _ in instants] == [isoformat_of(ns) for ns in instants]
+
+
+def test_an_event_line_carries_a_utc_timestamp_its_session_and_no_content(tmp_path: Path) -> None:
+    path = tmp_path / "events.ndjson"
+    telemetry = Telemetry(path)
+    before = datetime.now(UTC)
+    with session("s-abc"):
+        telemetry.emit("session_start", tool="confer", question="a question that must not be logged")
+        telemetry.flush()
+    after = datetime.now(UTC)
+    telemetry.close()
+
+    (event,) = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    stamped = datetime.fromisoformat(event["ts"])
+    assert stamped.utcoffset() is not None and stamped.utcoffset().total_seconds() == 0
+    assert before <= stamped <= after
+    assert event["ts"].endswith("+00:00") and len(event["ts"].split(".")[1]) == len("123456+00:00")
+    assert event["session_id"] == "s-abc"
+    assert event["event"] == "session_start"
+    assert "question" not in event
+
+
+def test_a_configured_secret_is_masked_in_a_line_that_also_holds_non_ascii_text() -> None:
+    line = orjson.dumps({"text": f"Schlüssel: {SECRET} — ende", "note": "ok"})
+
+    redacted = orjson.loads(Redactor([SECRET]).json_bytes(line))
+
+    assert redacted == {"text": "Schlüssel: [REDACTED] — ende", "note": "ok"}
+
+
+def test_a_secret_in_an_encoded_spelling_is_masked_too() -> None:
+    encoded = SECRET.encode().hex()
+    line = orjson.dumps({"echo": f"key as hex {encoded}"})
+
+    redacted = Redactor([SECRET]).json_bytes(line)
+
+    assert encoded.encode() not in redacted
+    assert orjson.loads(redacted) == {"echo": "key as hex [REDACTED]"}
+
+
+def test_a_line_with_nothing_to_redact_comes_back_as_the_same_bytes() -> None:
+    line = orjson.dumps({"event": "provider_call", "provider": "m1", "text": "Grüße, no secrets here"})
+
+    assert Redactor([SECRET]).json_bytes(line) is line
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["Bearer abcdefgh12345678", "BEARER\tabcdefgh12345678", "AIza" + "x" * 35, "https://h/p?key=zzz"],
+)
+def test_a_credential_shape_in_any_case_of_its_trigger_is_masked(shape: str) -> None:
+    line = orjson.dumps({"error": f"upstream said: {shape} (end)"})
+
+    redacted = orjson.loads(Redactor().json_bytes(line))
+
+    assert "abcdefgh12345678" not in redacted["error"]
+    assert "x" * 35 not in redacted["error"]
+    assert "zzz" not in redacted["error"]
+    assert redacted["error"].endswith("(end)")
