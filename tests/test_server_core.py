@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from conclave import schemas
 from conclave.config import Config
 from conclave.runtime import open_runtime
 from conclave.server.core import Server
@@ -61,3 +62,54 @@ async def test_an_internal_failure_is_minus_32603_with_an_id_that_finds_the_trac
     logged = next(e for e in read_events(events_path) if e["event"] == "rpc_error" and e.get("error_id"))
     assert logged["error_id"] == error["data"]["error_id"]
     assert "kaboom inside" in logged["traceback"]
+
+
+TOOL_CALLS = {
+    "confer": {"question": "q?", "dry_run": True},
+    "coordinate": {"task": "t", "proposer": "a", "critics": ["b"], "synthesizer": "a", "dry_run": True},
+    "fetch": {"url": "http://127.0.0.1:9/"},  # refused by the network guard: no traffic
+    "verify": {"checks": [{"type": "math", "expression": "1+1", "expected": 2}]},
+    "list_providers": {},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(TOOL_CALLS))
+async def test_a_tools_call_checks_its_arguments_against_the_schema_exactly_once(
+    make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """Where the tool's own layer validates (confer, coordinate, the registry), the server does
+    not validate again; where it does not (list_providers), the server still does."""
+    config = make_config(
+        {
+            "a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"},
+            "b": {"kind": "openai", "model": "n", "base_url": "http://127.0.0.1:9/v1"},
+        }
+    )
+    checked: list[str] = []
+    real_validator = schemas.validator
+
+    def counting(relative: str) -> Any:
+        checked.append(relative)
+        return real_validator(relative)
+
+    async with open_runtime(config) as rt:
+        server = Server(rt)
+        monkeypatch.setattr(schemas, "validator", counting)
+        message = {"name": tool, "arguments": TOOL_CALLS[tool]}
+        reply = await server.handle_message(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": message}, nowhere
+        )
+        bad = await server.handle_message(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {**message, "arguments": {"nope": 1}},
+            },
+            nowhere,
+        )
+
+    assert "result" in reply
+    assert checked.count(f"{tool}.input.json") == 2  # once for the good call, once for the bad one
+    assert bad["result"]["isError"] is True
+    assert "nope" in bad["result"]["content"][0]["text"]
