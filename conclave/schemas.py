@@ -8,7 +8,9 @@ reads them from the repository's top-level `schemas/`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import numbers
+import re
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,9 @@ def first_error(relative: str, instance: Any) -> jsonschema.ValidationError | No
     so the verdict at the end stays readable). A value nested deeper than the validator can recurse
     is an error too, at the path of the argument that holds it, never a RecursionError.
     """
+    accept = acceptor(relative)
+    if accept is not None and accept(instance):
+        return None
     try:
         errors = list(validator(relative).iter_errors(instance))
     except RecursionError:
@@ -141,6 +146,193 @@ def _children(value: Any) -> Iterable[tuple[Any, Any]]:
     if isinstance(value, list | tuple):
         return enumerate(value)
     return ()
+
+
+# --------------------------------------------------------------------------- fast acceptance
+#
+# jsonschema spends ~70 us on a two-key confer argument object: most of it walking keywords
+# generically. Schemas built only from the simple keywords below also get a checker compiled
+# from the same file, which can only say "certainly valid": anything it is unsure of (a
+# subclass, a non-finite float, a uniqueItems list of non-strings) and every invalid instance
+# go to jsonschema, which alone decides rejections and writes every message. A schema using
+# any other keyword (`$ref`, `if`, `enum`, `format`, ...) has no acceptor at all.
+# tests/test_schemas.py holds every acceptor to jsonschema's verdicts on generated instances.
+
+Accept = Callable[[Any], bool]
+_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "default", "examples"})
+
+
+class _Unsupported(Exception):
+    """A keyword the acceptor does not handle: the schema is left to jsonschema."""
+
+
+@cache
+def acceptor(relative: str) -> Accept | None:
+    """A compiled "certainly valid" check for `schemas/<relative>`, or None if it has none."""
+    try:
+        return compile_acceptor(load_schema(relative))
+    except _Unsupported:
+        return None
+
+
+def compile_acceptor(schema: Any) -> Accept:
+    """The acceptor of one (sub)schema; `_Unsupported` if it uses a keyword not handled here."""
+    if schema is True:
+        return _always
+    if not isinstance(schema, dict):
+        raise _Unsupported(repr(schema))
+    checks: list[Accept] = []
+    for keyword, value in schema.items():
+        if keyword in _ANNOTATIONS:
+            continue
+        make = _KEYWORDS.get(keyword)
+        if make is None:
+            raise _Unsupported(keyword)
+        check = make(value, schema)
+        if check is not None:
+            checks.append(check)
+    return _all_of(tuple(checks))
+
+
+def _always(_instance: Any) -> bool:
+    return True
+
+
+def _all_of(checks: tuple[Accept, ...]) -> Accept:
+    if len(checks) == 1:
+        return checks[0]
+
+    def accept(instance: Any) -> bool:
+        for check in checks:  # noqa: SIM110 -- no generator object per check
+            if not check(instance):
+                return False
+        return True
+
+    return accept
+
+
+def _is_number(value: Any) -> bool:
+    kind = type(value)
+    return kind is int or (kind is float and math.isfinite(value))
+
+
+_TYPES: dict[str, Accept] = {
+    "string": lambda value: type(value) is str,
+    "integer": lambda value: type(value) is int,
+    "number": _is_number,
+    "boolean": lambda value: value is True or value is False,
+    "array": lambda value: type(value) is list,
+    "object": lambda value: type(value) is dict,
+    "null": lambda value: value is None,
+}
+
+
+def _type(names: Any, _schema: Any) -> Accept:
+    try:
+        tests = tuple(_TYPES[name] for name in ([names] if isinstance(names, str) else names))
+    except (KeyError, TypeError) as exc:
+        raise _Unsupported(f"type {names!r}") from exc
+    if len(tests) == 1:
+        return tests[0]
+    return lambda value: any(test(value) for test in tests)
+
+
+# Each rule applies to one JSON type only, as in jsonschema; a value of another type passes it,
+# and a subclass of the type (which jsonschema would check) is left to jsonschema.
+def _on_strings(rule: Accept) -> Accept:
+    return lambda value: rule(value) if type(value) is str else not isinstance(value, str)
+
+
+def _on_numbers(rule: Accept) -> Accept:
+    def accept(value: Any) -> bool:
+        if _is_number(value):
+            return rule(value)
+        return type(value) is bool or not isinstance(value, int | float | numbers.Number)
+
+    return accept
+
+
+def _on_arrays(rule: Accept) -> Accept:
+    return lambda value: rule(value) if type(value) is list else not isinstance(value, list)
+
+
+def _on_objects(rule: Accept) -> Accept:
+    return lambda value: rule(value) if type(value) is dict else not isinstance(value, dict)
+
+
+def _unique_strings(values: list[Any]) -> bool:
+    for value in values:
+        if type(value) is not str:
+            return False  # jsonschema's equality rules (1 vs 1.0 vs True): its call
+    return len(set(values)) == len(values)
+
+
+def _items(items: Any, _schema: Any) -> Accept:
+    each = compile_acceptor(items)
+    if each is _always:
+        return _always
+
+    def rule(values: list[Any]) -> bool:
+        for value in values:  # noqa: SIM110 -- no generator object per item
+            if not each(value):
+                return False
+        return True
+
+    return _on_arrays(rule)
+
+
+def _properties(properties: Any, _schema: Any) -> Accept:
+    compiled = tuple((name, compile_acceptor(sub)) for name, sub in properties.items())
+
+    def rule(value: dict[str, Any]) -> bool:
+        for name, accept in compiled:  # noqa: SIM110 -- no generator object per member
+            if name in value and not accept(value[name]):
+                return False
+        return True
+
+    return _on_objects(rule)
+
+
+def _additional_properties(allowed: Any, schema: Any) -> Accept | None:
+    if allowed is True:
+        return None
+    if allowed is not False:
+        raise _Unsupported("additionalProperties with a schema")
+    known = frozenset(schema.get("properties", ()))
+    return _on_objects(lambda value: known.issuperset(value))
+
+
+def _required(names: Any, _schema: Any) -> Accept:
+    wanted = tuple(names)
+    return _on_objects(lambda value: all(name in value for name in wanted))
+
+
+def _pattern(pattern: Any, _schema: Any) -> Accept:
+    search = re.compile(pattern).search  # jsonschema uses re.search, unanchored
+    return _on_strings(lambda value: search(value) is not None)
+
+
+def _unique_items(unique: Any, _schema: Any) -> Accept | None:
+    return _on_arrays(_unique_strings) if unique else None
+
+
+_KEYWORDS: dict[str, Callable[[Any, Any], Accept | None]] = {
+    "type": _type,
+    "properties": _properties,
+    "additionalProperties": _additional_properties,
+    "required": _required,
+    "items": _items,
+    "pattern": _pattern,
+    "uniqueItems": _unique_items,
+    "minLength": lambda n, _s: _on_strings(lambda value: len(value) >= n),
+    "maxLength": lambda n, _s: _on_strings(lambda value: len(value) <= n),
+    "minItems": lambda n, _s: _on_arrays(lambda value: len(value) >= n),
+    "maxItems": lambda n, _s: _on_arrays(lambda value: len(value) <= n),
+    "minimum": lambda n, _s: _on_numbers(lambda value: value >= n),
+    "maximum": lambda n, _s: _on_numbers(lambda value: value <= n),
+    "exclusiveMinimum": lambda n, _s: _on_numbers(lambda value: value > n),
+    "exclusiveMaximum": lambda n, _s: _on_numbers(lambda value: value < n),
+}
 
 
 def check_arguments(relative: str, instance: Any, *, tool: str = "") -> None:
