@@ -466,7 +466,10 @@ class RawAiohttp(_FanOut):
             await self.session.close()
 
     async def chat(self, model: str, messages: list[Message]) -> str:
-        body = orjson.dumps({"model": model, "messages": messages, "max_tokens": MAX_TOKENS})
+        # An exact-size copy, as Conclave keeps: orjson's own result holds ~4 KiB while the call
+        # waits, ~9 MB at 2,500 calls in flight (the limit should not carry what is easy to drop).
+        encoded = orjson.dumps({"model": model, "messages": messages, "max_tokens": MAX_TOKENS})
+        body = bytes(memoryview(encoded))
         async with self.session.post(self.url, data=body, headers=self.headers) as response:
             data = await response.read()
             if response.status != 200:

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
+import conclave
 from conclave.config import Config
 from conclave.errors import (
     DeadlineExceeded,
@@ -20,7 +21,7 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
-from conclave.http import make_http_client
+from conclave.http import ProviderTransport, make_http_client
 from conclave.messages import Completion, CompletionRequest, Message
 from conclave.providers import ProviderPool
 from conclave.sim import Reply, Rule, Scenario, SimPanel
@@ -282,3 +283,27 @@ async def test_connection_refused_is_unreachable(make_config: Callable[..., Conf
         with pytest.raises(ProviderUnreachable) as info:
             await pool.get("p").complete(CompletionRequest.ask("q"), deadline=anyio.current_time() + 5)
     assert info.value.code == "connection_error"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("configured", [None, "my-gateway-client/2"])
+async def test_requests_name_conclave_as_their_client_unless_configured_otherwise(
+    panel: SimPanel, make_config: Callable[..., Config], kind: str, configured: str | None
+) -> None:
+    """Through the production transport (ProviderTransport, the aiohttp session provider calls
+    use): aiohttp's own User-Agent never goes out, a configured header replaces Conclave's."""
+    headers = {"User-Agent": configured} if configured else {}
+    entry = {"kind": kind, "model": "m1", "base_url": panel.base_url(kind), "api_key_env": None}
+    config = make_config({"p": {**entry, "headers": headers}})
+    telemetry = Telemetry(None)
+    transport = ProviderTransport()
+    try:
+        async with make_http_client() as http:
+            pool = ProviderPool(config, http=http, telemetry=telemetry, transport=transport)
+            await pool.get("p").complete(CompletionRequest.ask("hi"), deadline=anyio.current_time() + 10)
+    finally:
+        await transport.aclose()
+
+    sent = {name.lower(): value for name, value in panel.received[-1].headers.items()}
+    assert sent["user-agent"] == (configured or f"conclave/{conclave.__version__}")
+    assert "aiohttp" not in sent["user-agent"].lower()

@@ -8,7 +8,15 @@ from typing import Any, ClassVar
 
 from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
-from conclave.providers.base import ErrorDetails, Headers, ParsedCompletion, WireRequest, as_int, bare_model
+from conclave.providers.base import (
+    JSON_HEADERS,
+    ErrorDetails,
+    Headers,
+    ParsedCompletion,
+    WireRequest,
+    as_int,
+    bare_model,
+)
 
 API_VERSION = "2023-06-01"
 # Claude Opus 4.7 / 4.8 / 5 reject sampling settings altogether (pydantic-ai profile).
@@ -36,7 +44,7 @@ class AnthropicAdapter:
             body["system"] = request.system
         if request.temperature is not None and not _NO_SAMPLING.match(bare_model(entry.model)):
             body["temperature"] = min(request.temperature, 1.0)
-        headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **entry.headers}
+        headers = {**JSON_HEADERS, "anthropic-version": API_VERSION, **entry.headers}
         if key:
             headers["x-api-key"] = key
         return WireRequest(f"{entry.base_url}/v1/messages", headers, body)

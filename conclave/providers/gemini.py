@@ -9,6 +9,7 @@ from urllib.parse import quote
 from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
+    JSON_HEADERS,
     ErrorDetails,
     Headers,
     ParsedCompletion,
@@ -39,7 +40,7 @@ class GeminiAdapter:
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
         if request.system:
             body["systemInstruction"] = {"parts": [{"text": request.system}]}
-        headers = {"content-type": "application/json", **entry.headers}
+        headers = {**JSON_HEADERS, **entry.headers}
         if key:
             headers["x-goog-api-key"] = key
         model = quote(entry.model.removeprefix("models/"), safe="-._")

@@ -12,6 +12,7 @@ import httpx
 from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
+    JSON_HEADERS,
     ErrorDetails,
     Headers,
     ParsedCompletion,
@@ -67,7 +68,7 @@ class OpenAIAdapter:
         }
         if request.temperature is not None and not reasoning:
             body["temperature"] = request.temperature
-        headers = {"content-type": "application/json", **entry.headers}
+        headers = {**JSON_HEADERS, **entry.headers}
         if key:
             headers["authorization"] = f"Bearer {key}"
         return WireRequest(f"{entry.base_url}/chat/completions", headers, body)
