@@ -10,12 +10,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, stop_never
 
 from conclave.breaker import CircuitBreaker
 from conclave.config import ProviderConfig, RetryPolicy
@@ -35,6 +34,9 @@ from conclave.providers.base import Adapter, Headers, ParsedCompletion, WireRequ
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -112,6 +114,9 @@ class ProviderClient:
         self, wire: _Outgoing, deadline: float, policy: _CallRetryPolicy, first: ProviderError
     ) -> ParsedCompletion:
         """After a failed first attempt: tenacity drives the retries `decide` allows."""
+        # Imported here: most processes never retry, and the module is ~0.5 MB resident.
+        from tenacity import AsyncRetrying, stop_never
+
         if not policy.judge(first, attempt=1):
             raise first
         policy.report(first, attempt=1)
