@@ -5,7 +5,7 @@ over aiohttp underneath: httpx's own connection pool collapses under hundreds of
 requests on a small machine (issue F1/F6 figures), aiohttp does not.
 
 - `make_http_client` builds the shared client (fetch uses it: it streams bodies so its byte
-  caps hold, via the `httpx-aiohttp` transport).
+  caps hold, via the `httpx-aiohttp` transport, opened on the first request).
 - `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
   headers to aiohttp as plain tuples and returns a read response, skipping the per-request
   conversions and stream wrappers a general transport needs (the F6 profile's top cost).
@@ -18,7 +18,6 @@ from typing import Literal
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
 RawHeaders = Sequence[tuple[bytes, bytes]]  # as read off the wire, names in their original case
@@ -33,13 +32,35 @@ def make_http_client(
     """Build the shared client. Proxy variables from the environment are never honoured."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=200)
     if transport is None:
-        transport = AiohttpTransport(limits=limits, trust_env=False)
+        transport = _FetchTransport(limits)
     return httpx.AsyncClient(
         transport=transport,
         timeout=httpx.Timeout(timeout_seconds, connect=10.0),
         trust_env=False,
         follow_redirects=False,
     )
+
+
+class _FetchTransport(httpx.AsyncBaseTransport):
+    """The `httpx-aiohttp` streaming transport, imported and built on the first request: many
+    processes never fetch, and the package with the TLS context it loads at construction was
+    ~1 MB resident in every process (the F6 peak-memory target counts it)."""
+
+    def __init__(self, limits: httpx.Limits) -> None:
+        self._limits = limits
+        self._inner: httpx.AsyncBaseTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._inner is None:
+            from httpx_aiohttp import AiohttpTransport
+
+            self._inner = AiohttpTransport(limits=self._limits, trust_env=False)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            await inner.aclose()
 
 
 class ProviderTransport(httpx.AsyncBaseTransport):
