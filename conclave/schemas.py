@@ -13,11 +13,13 @@ import re
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import orjson
-from jsonschema.protocols import Validator
+
+if TYPE_CHECKING:  # jsonschema itself is imported where an instance needs it (see acceptor)
+    import jsonschema
+    from jsonschema.protocols import Validator
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -57,6 +59,8 @@ def _is_json_number(_checker: Any, value: Any) -> bool:
 @cache
 def validator(relative: str) -> Validator:
     """A compiled validator for `schemas/<relative>`, built once per process."""
+    import jsonschema
+
     schema = load_schema(relative)
     base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     checker = base.TYPE_CHECKER.redefine("number", _is_json_number)
@@ -95,7 +99,9 @@ def first_error(relative: str, instance: Any) -> jsonschema.ValidationError | No
         return _too_deep(instance)
     if not errors:
         return None
-    best: jsonschema.ValidationError = jsonschema.exceptions.best_match(errors)
+    from jsonschema.exceptions import best_match
+
+    best: jsonschema.ValidationError = best_match(errors)
     best.message = clip_message(best.message)
     return best
 
@@ -133,7 +139,9 @@ def _too_deep(instance: Any) -> jsonschema.ValidationError:
     path.reverse()
     keys = [i + 1 for i, part in enumerate(path[:_PATH_PARTS_SHOWN]) if isinstance(part, str)]
     shown = path[: keys[-1] if keys else 0]
-    return jsonschema.ValidationError(
+    from jsonschema import ValidationError
+
+    return ValidationError(
         f"value nested too deeply to validate ({len(path) - len(shown)} levels below this point); flatten it",
         path=shown,
         validator="nesting",
@@ -155,11 +163,15 @@ def _children(value: Any) -> Iterable[tuple[Any, Any]]:
 # from the same file, which can only say "certainly valid": anything it is unsure of (a
 # subclass, a non-finite float, a uniqueItems list of non-strings) and every invalid instance
 # go to jsonschema, which alone decides rejections and writes every message. A schema using
-# any other keyword (`$ref`, `if`, `enum`, `format`, ...) has no acceptor at all.
+# any other keyword (`if`, `allOf`, `format`, a remote `$ref`, ...) has no acceptor at all.
+# So a process that only sees valid input never imports jsonschema (~2.6 MB resident).
 # tests/test_schemas.py holds every acceptor to jsonschema's verdicts on generated instances.
 
 Accept = Callable[[Any], bool]
-_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "default", "examples"})
+_ANNOTATIONS = frozenset(
+    {"$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"}
+)
+_LOCAL_REF = "#/$defs/"
 
 
 class _Unsupported(Exception):
@@ -175,23 +187,45 @@ def acceptor(relative: str) -> Accept | None:
         return None
 
 
-def compile_acceptor(schema: Any) -> Accept:
-    """The acceptor of one (sub)schema; `_Unsupported` if it uses a keyword not handled here."""
-    if schema is True:
-        return _always
-    if not isinstance(schema, dict):
-        raise _Unsupported(repr(schema))
-    checks: list[Accept] = []
-    for keyword, value in schema.items():
-        if keyword in _ANNOTATIONS:
-            continue
-        make = _KEYWORDS.get(keyword)
-        if make is None:
-            raise _Unsupported(keyword)
-        check = make(value, schema)
-        if check is not None:
-            checks.append(check)
-    return _all_of(tuple(checks))
+def compile_acceptor(schema: Any, root: Any = None) -> Accept:
+    """The acceptor of a schema, or of a part of `root` (whose `$defs` its `$ref`s name);
+    `_Unsupported` if it uses a keyword not handled here."""
+    return _Compiler(schema if root is None else root).compile(schema)
+
+
+class _Compiler:
+    def __init__(self, root: Any) -> None:
+        self._root = root
+        self._refs: dict[str, Accept] = {}
+        self._open: set[str] = set()  # refs being compiled: a recursive one is unsupported
+
+    def compile(self, schema: Any) -> Accept:
+        if schema is True:
+            return _always
+        if not isinstance(schema, dict):
+            raise _Unsupported(repr(schema))
+        checks: list[Accept] = []
+        for keyword, value in schema.items():
+            if keyword in _ANNOTATIONS:
+                continue
+            make = _KEYWORDS.get(keyword)
+            if make is None:
+                raise _Unsupported(keyword)
+            check = make(self, value, schema)
+            if check is not None:
+                checks.append(check)
+        return _all_of(tuple(checks))
+
+    def ref(self, ref: Any, _schema: Any) -> Accept:
+        name = ref[len(_LOCAL_REF) :] if isinstance(ref, str) and ref.startswith(_LOCAL_REF) else ""
+        target = self._root.get("$defs", {}).get(name) if isinstance(self._root, dict) else None
+        if not name or "/" in name or "~" in name or target is None or ref in self._open:
+            raise _Unsupported(f"$ref {ref!r}")
+        if ref not in self._refs:
+            self._open.add(ref)
+            self._refs[ref] = self.compile(target)
+            self._open.discard(ref)
+        return self._refs[ref]
 
 
 def _always(_instance: Any) -> bool:
@@ -199,6 +233,8 @@ def _always(_instance: Any) -> bool:
 
 
 def _all_of(checks: tuple[Accept, ...]) -> Accept:
+    if not checks:
+        return _always
     if len(checks) == 1:
         return checks[0]
 
@@ -227,7 +263,7 @@ _TYPES: dict[str, Accept] = {
 }
 
 
-def _type(names: Any, _schema: Any) -> Accept:
+def _type(_c: _Compiler, names: Any, _schema: Any) -> Accept:
     try:
         tests = tuple(_TYPES[name] for name in ([names] if isinstance(names, str) else names))
     except (KeyError, TypeError) as exc:
@@ -267,10 +303,10 @@ def _unique_strings(values: list[Any]) -> bool:
     return len(set(values)) == len(values)
 
 
-def _items(items: Any, _schema: Any) -> Accept:
-    each = compile_acceptor(items)
+def _items(c: _Compiler, items: Any, _schema: Any) -> Accept | None:
+    each = c.compile(items)
     if each is _always:
-        return _always
+        return None
 
     def rule(values: list[Any]) -> bool:
         for value in values:  # noqa: SIM110 -- no generator object per item
@@ -281,8 +317,8 @@ def _items(items: Any, _schema: Any) -> Accept:
     return _on_arrays(rule)
 
 
-def _properties(properties: Any, _schema: Any) -> Accept:
-    compiled = tuple((name, compile_acceptor(sub)) for name, sub in properties.items())
+def _properties(c: _Compiler, properties: Any, _schema: Any) -> Accept:
+    compiled = tuple((name, c.compile(sub)) for name, sub in properties.items())
 
     def rule(value: dict[str, Any]) -> bool:
         for name, accept in compiled:  # noqa: SIM110 -- no generator object per member
@@ -293,45 +329,77 @@ def _properties(properties: Any, _schema: Any) -> Accept:
     return _on_objects(rule)
 
 
-def _additional_properties(allowed: Any, schema: Any) -> Accept | None:
+def _additional_properties(c: _Compiler, allowed: Any, schema: Any) -> Accept | None:
     if allowed is True:
         return None
-    if allowed is not False:
-        raise _Unsupported("additionalProperties with a schema")
-    known = frozenset(schema.get("properties", ()))
-    return _on_objects(lambda value: known.issuperset(value))
+    known = frozenset(schema.get("properties", ()))  # patternProperties is unsupported
+    if allowed is False:
+        return _on_objects(lambda value: known.issuperset(value))
+    each = c.compile(allowed)
+
+    def rule(value: dict[str, Any]) -> bool:
+        for name, member in value.items():  # noqa: SIM110 -- no generator object per member
+            if name not in known and not each(member):
+                return False
+        return True
+
+    return _on_objects(rule)
 
 
-def _required(names: Any, _schema: Any) -> Accept:
+def _required(_c: _Compiler, names: Any, _schema: Any) -> Accept:
     wanted = tuple(names)
     return _on_objects(lambda value: all(name in value for name in wanted))
 
 
-def _pattern(pattern: Any, _schema: Any) -> Accept:
+def _pattern(_c: _Compiler, pattern: Any, _schema: Any) -> Accept:
     search = re.compile(pattern).search  # jsonschema uses re.search, unanchored
     return _on_strings(lambda value: search(value) is not None)
 
 
-def _unique_items(unique: Any, _schema: Any) -> Accept | None:
+def _unique_items(_c: _Compiler, unique: Any, _schema: Any) -> Accept | None:
     return _on_arrays(_unique_strings) if unique else None
 
 
-_KEYWORDS: dict[str, Callable[[Any, Any], Accept | None]] = {
+_ENUM_TYPES = (str, int, float, bool, type(None))
+
+
+def _enum(_c: _Compiler, options: Any, _schema: Any) -> Accept:
+    """Only a member of exactly an option's type: jsonschema's own equality (1 == 1.0, but
+    1 != True) decides anything else."""
+    allowed = tuple((type(option), option) for option in options if type(option) in _ENUM_TYPES)
+
+    def accept(value: Any) -> bool:
+        kind = type(value)
+        for option_kind, option in allowed:  # noqa: SIM110 -- no generator object per value
+            if kind is option_kind and value == option:
+                return True
+        return False
+
+    return accept
+
+
+def _bound(applies: Callable[[Accept], Accept], test: Callable[[Any, Any], bool]) -> Any:
+    return lambda _c, limit, _s: applies(lambda value: test(value, limit))
+
+
+_KEYWORDS: dict[str, Callable[[_Compiler, Any, Any], Accept | None]] = {
+    "$ref": lambda c, ref, schema: c.ref(ref, schema),
     "type": _type,
+    "enum": _enum,
     "properties": _properties,
     "additionalProperties": _additional_properties,
     "required": _required,
     "items": _items,
     "pattern": _pattern,
     "uniqueItems": _unique_items,
-    "minLength": lambda n, _s: _on_strings(lambda value: len(value) >= n),
-    "maxLength": lambda n, _s: _on_strings(lambda value: len(value) <= n),
-    "minItems": lambda n, _s: _on_arrays(lambda value: len(value) >= n),
-    "maxItems": lambda n, _s: _on_arrays(lambda value: len(value) <= n),
-    "minimum": lambda n, _s: _on_numbers(lambda value: value >= n),
-    "maximum": lambda n, _s: _on_numbers(lambda value: value <= n),
-    "exclusiveMinimum": lambda n, _s: _on_numbers(lambda value: value > n),
-    "exclusiveMaximum": lambda n, _s: _on_numbers(lambda value: value < n),
+    "minLength": _bound(_on_strings, lambda value, n: len(value) >= n),
+    "maxLength": _bound(_on_strings, lambda value, n: len(value) <= n),
+    "minItems": _bound(_on_arrays, lambda value, n: len(value) >= n),
+    "maxItems": _bound(_on_arrays, lambda value, n: len(value) <= n),
+    "minimum": _bound(_on_numbers, lambda value, n: value >= n),
+    "maximum": _bound(_on_numbers, lambda value, n: value <= n),
+    "exclusiveMinimum": _bound(_on_numbers, lambda value, n: value > n),
+    "exclusiveMaximum": _bound(_on_numbers, lambda value, n: value < n),
 }
 
 

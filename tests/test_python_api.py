@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,3 +34,41 @@ def test_the_sync_wrapper_runs_outside_an_event_loop(make_config: Callable[..., 
     result = conclave.confer_sync("Which?", config=config, dry_run=True)
     assert result["dry_run"] is True
     assert result["plan"]["max_calls"] == 1
+
+
+def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_need(tmp_path: Path) -> None:
+    """Each of these is ~0.5-2.6 MB resident in every process that imports it (the F6 peak-RSS
+    target counts them): jsonschema (only to explain a rejected argument), tenacity (only on a
+    retry), httpx-aiohttp (only for a fetch). A valid confer, and a bad argument after it, run
+    in a fresh interpreter against the simulated panel."""
+    probe = f"""
+import asyncio, sys
+from conclave.config import load_config
+from conclave.errors import InvalidArguments
+from conclave.runtime import open_runtime
+from conclave.deliberation.confer import confer
+from conclave.sim import SimPanel
+LAZY = ["jsonschema", "tenacity", "httpx_aiohttp"]
+
+async def main():
+    async with SimPanel() as panel:
+        path = {str(tmp_path / "config.yaml")!r}
+        open(path, "w").write(
+            "providers:\\n  a: {{kind: openai, model: m, base_url: " + panel.base_url("openai") + ", api_key_env: null}}\\n"
+            "panel: [a]\\ntelemetry: {{path: {str(tmp_path / "events.ndjson")!r}}}\\n"
+            "transcripts: {{dir: {str(tmp_path / "transcripts")!r}}}\\n"
+        )
+        async with open_runtime(load_config(path, env={{}}, dotenv=None)) as rt:
+            result = await confer(rt, {{"question": "q?"}})
+            print(result["answers"][0]["status"], [m for m in LAZY if m in sys.modules])
+            try:
+                await confer(rt, {{"question": "q?", "max_tokens": "many"}})
+            except InvalidArguments as exc:
+                print(exc.path, "jsonschema" in sys.modules)
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["ok []", "$.max_tokens True"]

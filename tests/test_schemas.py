@@ -67,14 +67,24 @@ def sized(low: int, high: float, *, tame: bool) -> list[int]:
     return sorted(n for n in sizes if n >= 0)
 
 
-def near(schema: Any, depth: int = 0, *, tame: bool = False) -> st.SearchStrategy[Any]:
+def near(schema: Any, depth: int = 0, *, tame: bool = False, root: Any = None) -> st.SearchStrategy[Any]:
     """Values around a schema's edges: each bound, and (unless `tame`) just past it, the wrong
     types jsonschema is particular about, missing, extra and duplicated members. `tame` keeps
     inside the bounds, so that objects with many members are often valid too."""
     confusers = st.sampled_from(CONFUSERS)
     if schema is True or depth > 4:
         return confusers
+    root = schema if root is None else root
+    if "$ref" in schema:  # the acceptors resolve local refs only: so does this
+        target = root["$defs"][schema["$ref"].removeprefix("#/$defs/")]
+        return near(
+            {**target, **{k: v for k, v in schema.items() if k != "$ref"}}, depth, tame=tame, root=root
+        )
     options: list[st.SearchStrategy[Any]] = [] if tame else [confusers]
+    if "enum" in schema:
+        options.append(st.sampled_from(schema["enum"]))
+        if tame:
+            return st.sampled_from(schema["enum"])
     types = schema.get("type", [])
     types = [types] if isinstance(types, str) else list(types)
     if "boolean" in types:
@@ -106,16 +116,21 @@ def near(schema: Any, depth: int = 0, *, tame: bool = False) -> st.SearchStrateg
             options += [st.sampled_from(around or [0]), st.integers(-5, 5), st.floats(allow_nan=True)]
             options.append(st.sampled_from([float(e) for e in edges] or [1.0]))
     if "array" in types or {"items", "minItems", "maxItems", "uniqueItems"} & set(schema):
-        item = near(schema.get("items", True), depth + 1, tame=True)
+        item = near(schema.get("items", True), depth + 1, tame=True, root=root)
         for count in sized(schema.get("minItems", 0), schema.get("maxItems", math.inf), tame=tame):
-            options.append(st.lists(item, min_size=count, max_size=count, unique=True))
-        options.append(st.lists(near(schema.get("items", True), depth + 1, tame=tame), max_size=4))
+            if schema.get("uniqueItems"):  # at most `count`: an enum may have fewer distinct values
+                options.append(st.lists(item, max_size=count, unique_by=repr))
+            options.append(st.lists(item, min_size=count, max_size=count))
+        options.append(st.lists(near(schema.get("items", True), depth + 1, tame=tame, root=root), max_size=4))
         options.append(item.map(lambda x: [x, x]))  # duplicates, for uniqueItems
     if "object" in types or "properties" in schema:
         properties = schema.get("properties", {})
         required = set(schema.get("required", []))
+        extra = schema.get("additionalProperties", True)
         for gentle in {True, tame}:
-            members = {name: near(sub, depth + 1, tame=gentle) for name, sub in properties.items()}
+            members = {name: near(sub, depth + 1, tame=gentle, root=root) for name, sub in properties.items()}
+            if isinstance(extra, dict):  # members beyond `properties`, held to their own schema
+                members["extra-1"] = members["extra-2"] = near(extra, depth + 1, tame=gentle, root=root)
             options.append(
                 st.fixed_dictionaries(
                     {name: s for name, s in members.items() if name in required},
@@ -128,13 +143,18 @@ def near(schema: Any, depth: int = 0, *, tame: bool = False) -> st.SearchStrateg
 
 
 def subschemas(schema: Any, path: str = "$") -> list[tuple[str, Any]]:
-    """The schema and every schema under `properties` and `items`, with where it sits."""
+    """The schema and every schema under `properties`, `items`, `additionalProperties` and
+    `$defs`, with where it sits."""
     found = [(path, schema)]
     if isinstance(schema, dict):
         for name, sub in schema.get("properties", {}).items():
             found += subschemas(sub, f"{path}.{name}")
+        for name, sub in schema.get("$defs", {}).items():
+            found += subschemas(sub, f"{path}.$defs.{name}")
         if "items" in schema:
             found += subschemas(schema["items"], f"{path}[]")
+        if isinstance(schema.get("additionalProperties"), dict):
+            found += subschemas(schema["additionalProperties"], f"{path}.*")
     return found
 
 
@@ -144,8 +164,8 @@ WITH_ACCEPTORS = [p for p in SCHEMAS if acceptor(str(p.relative_to(schema_dir())
 def test_the_tool_inputs_and_simple_envelopes_have_acceptors() -> None:
     names = {str(p.relative_to(schema_dir())) for p in WITH_ACCEPTORS}
     assert {"confer.input.json", "coordinate.input.json", "fetch.input.json"} <= names
-    assert acceptor("verify.input.json") is None  # $ref, if/then, const: left to jsonschema
-    assert acceptor("config.schema.json") is None
+    assert "config.schema.json" in names  # local $refs, enums, additionalProperties schemas
+    assert acceptor("verify.input.json") is None  # if/then, const, allOf: left to jsonschema
 
 
 @pytest.mark.parametrize(("relative", "instance"), ACCEPTED)
@@ -162,7 +182,7 @@ def test_an_acceptor_never_accepts_what_jsonschema_rejects(path: Path) -> None:
     assert accept is not None
     seen = {True: 0, False: 0}
 
-    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
     @given(near(load_schema(relative)))
     def check(instance: Any) -> None:
         verdict = accept(instance)
@@ -192,11 +212,13 @@ def test_each_part_of_an_acceptor_agrees_with_jsonschema_at_its_edges(
 ) -> None:
     """Each property's and item's schema on its own, so every bound and every type confusion
     is met directly (inside a whole object most of them would hide behind another error)."""
-    accept = compile_acceptor(schema)
-    full = type(validator(relative))(schema)
+    root = load_schema(relative)
+    accept = compile_acceptor(schema, root)
+    # the part, with the file's $defs beside it so that its local $refs resolve
+    full = type(validator(relative))({**schema, "$defs": root.get("$defs", {})})
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(near(schema))
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(near(schema, root=root))
     def check(instance: Any) -> None:
         if accept(instance):
             assert full.is_valid(instance), f"{where}: accepted {instance!r}"

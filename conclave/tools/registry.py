@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from conclave.errors import InvalidArguments, UnknownTool
-from conclave.schemas import first_error, json_path, load_schema, validator
+from conclave.schemas import acceptor, first_error, json_path, load_schema
 from conclave.telemetry import session
 
 if TYPE_CHECKING:
@@ -39,9 +39,9 @@ class Tool:
 class ToolRegistry:
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._tools = {tool.name: tool for tool in tools}
-        for tool in self._tools.values():  # compile now: a broken schema fails at start-up
-            validator(f"{tool.name}.input.json")
-            validator(f"{tool.name}.output.json")
+        for tool in self._tools.values():  # load now: a missing or broken file fails at start-up
+            for kind in ("input", "output"):
+                acceptor(f"{tool.name}.{kind}.json")
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._tools)

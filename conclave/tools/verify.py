@@ -22,18 +22,18 @@ import re
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.lowlevel
 import anyio.to_process
 import anyio.to_thread
-import jsonschema
-import referencing
-import referencing.exceptions
 
 from conclave.errors import CallerError
 from conclave.schemas import json_path
+
+if TYPE_CHECKING:
+    import jsonschema
 
 MAX_CHECKS = 32
 REGEX_TIMEOUT_SECONDS = 1.0
@@ -170,7 +170,12 @@ async def _check_json_schema(check: Mapping[str, Any]) -> Outcome:
 
 def _validate(schema: Any, instance: Any) -> Outcome:
     """Worker-process side of a json_schema check: a `pattern` keyword can backtrack as badly as a regex
-    check, and `uniqueItems` on a large array is quadratic."""
+    check, and `uniqueItems` on a large array is quadratic. jsonschema is imported here, in the
+    worker, so the serving process loads it only when it must explain a rejected argument."""
+    import jsonschema
+    import referencing
+    import referencing.exceptions
+
     cls = _dialect(schema)
     try:
         cls.check_schema(schema)
@@ -191,6 +196,8 @@ def _validate(schema: Any, instance: Any) -> Outcome:
 
 def _dialect(schema: Any) -> type[jsonschema.protocols.Validator]:
     """Honour a known `$schema` (draft 7 schemas are common); anything else is draft 2020-12."""
+    import jsonschema
+
     dialect = schema.get("$schema") if isinstance(schema, dict) else None
     if not isinstance(dialect, str):
         return jsonschema.Draft202012Validator
