@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conclave.deliberation.transcripts import TranscriptWriter, atomic_write
+from conclave.deliberation import transcripts
+from conclave.deliberation.transcripts import TranscriptWriter, atomic_write, write_new_atomically
 from conclave.redact import Redactor
 
 
@@ -77,3 +82,70 @@ def test_a_transcript_that_cannot_be_written_is_counted_and_the_call_goes_on(tmp
     writer.close()
     assert writer.failures == 1
     assert blocker.read_text().startswith("a file")
+
+
+unnamed_files = pytest.mark.skipif(
+    not transcripts._UNNAMED_FILES, reason="no O_TMPFILE or /proc/self/fd on this system"
+)
+
+
+def refuse(*_args: Any, **_kwargs: Any) -> None:
+    raise AssertionError("the temporary-file path was taken")
+
+
+@unnamed_files
+def test_on_linux_a_new_transcript_is_an_unnamed_file_linked_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transcripts, "atomic_write", refuse)
+    target = tmp_path / "2026-11-23" / "s-1-confer.json"
+
+    write_new_atomically(target, b'{"whole": true}', fsync=False)
+
+    assert target.read_bytes() == b'{"whole": true}'
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["s-1-confer.json"]
+
+
+@unnamed_files
+def test_a_failure_while_naming_the_file_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_link(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(transcripts.os, "link", broken_link)
+    target = tmp_path / "s-2-confer.json"
+
+    with pytest.raises(OSError, match="I/O error"):
+        write_new_atomically(target, b'{"whole": true}', fsync=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_name_is_replaced_whole(tmp_path: Path) -> None:
+    target = tmp_path / "s-3-confer.json"
+    target.write_bytes(b'{"version": 1}')
+
+    write_new_atomically(target, b'{"version": 2}', fsync=False)
+
+    assert target.read_bytes() == b'{"version": 2}'
+    assert [p.name for p in tmp_path.iterdir()] == ["s-3-confer.json"]
+
+
+def test_a_filesystem_without_unnamed_files_gets_a_renamed_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_tmpfile(path: Any, flags: int, *args: Any) -> int:
+        if flags & getattr(os, "O_TMPFILE", 0) == getattr(os, "O_TMPFILE", -1):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(transcripts.os, "open", no_tmpfile)
+    target = tmp_path / "day" / "s-4-confer.json"
+
+    write_new_atomically(target, b'{"whole": true}', fsync=False)
+
+    assert target.read_bytes() == b'{"whole": true}'
+    assert [p.name for p in target.parent.iterdir()] == ["s-4-confer.json"]

@@ -1,5 +1,6 @@
-"""Transcripts: each confer/coordinate call saved whole, written atomically (temp file in the
-same directory, optional fsync, rename), so a crash mid-write never leaves a partial file behind.
+"""Transcripts: each confer/coordinate call saved whole, written atomically (an unnamed file
+linked into place on Linux, else a temporary file in the same directory renamed; optional
+fsync), so a crash mid-write never leaves a partial file behind.
 
 Without fsync a transcript is written where the call ends: the write goes to the page cache
 (tens of microseconds), and the F6 benchmark measured it cheaper than handing it to a thread,
@@ -65,7 +66,7 @@ class TranscriptWriter:
 
     def _write(self, path: Path, body: bytes) -> None:
         try:
-            atomic_write(path, (body,), fsync=self._fsync)
+            write_new_atomically(path, body, fsync=self._fsync)
         except OSError as exc:  # a full disk must not kill the writer; say so where people look
             self.failures += 1
             print(f"conclave: transcript {path} not written: {exc}", file=sys.stderr)
@@ -98,6 +99,41 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
+
+
+# Linux can write a file with no name (O_TMPFILE) and give it one when whole (linkat via
+# /proc/self/fd): one directory change instead of two (create a temporary, rename it), about
+# half the cost of a transcript on ext4 (~45 against ~95 us), and still all or nothing.
+_UNNAMED_FILES = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+
+
+def write_new_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write a new file whole or not at all: an unnamed file linked into place where the
+    system has them, else `atomic_write`. An existing file is replaced, through `atomic_write`."""
+    if not _UNNAMED_FILES:
+        atomic_write(path, (data,), fsync=fsync)
+        return
+    flags = os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        try:
+            fd = os.open(path.parent, flags, 0o600)
+        except FileNotFoundError:  # the first file of a new day: make its directory once
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.parent, flags, 0o600)
+    except OSError:  # a filesystem without unnamed files (EOPNOTSUPP, EISDIR) or no directory
+        atomic_write(path, (data,), fsync=fsync)
+        return
+    try:
+        _write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+        # A directory fd beside an absolute path is ignored by the kernel; passing one only
+        # makes CPython call linkat() with AT_SYMLINK_FOLLOW, which names the unnamed file.
+        os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
+    except FileExistsError:
+        atomic_write(path, (data,), fsync=fsync)
+    finally:
+        os.close(fd)  # an unnamed file never linked is freed here: nothing is left behind
 
 
 def _write_all(fd: int, data: bytes) -> None:
