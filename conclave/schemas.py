@@ -216,7 +216,7 @@ class _Compiler:
                 checks.append(check)
         return _all_of(tuple(checks))
 
-    def ref(self, ref: Any, _schema: Any) -> Accept:
+    def ref(self, ref: Any) -> Accept:
         name = ref[len(_LOCAL_REF) :] if isinstance(ref, str) and ref.startswith(_LOCAL_REF) else ""
         target = self._root.get("$defs", {}).get(name) if isinstance(self._root, dict) else None
         if not name or "/" in name or "~" in name or target is None or ref in self._open:
@@ -383,7 +383,7 @@ def _bound(applies: Callable[[Accept], Accept], test: Callable[[Any, Any], bool]
 
 
 _KEYWORDS: dict[str, Callable[[_Compiler, Any, Any], Accept | None]] = {
-    "$ref": lambda c, ref, schema: c.ref(ref, schema),
+    "$ref": lambda c, ref, _schema: c.ref(ref),
     "type": _type,
     "enum": _enum,
     "properties": _properties,

@@ -149,3 +149,16 @@ def test_a_filesystem_without_unnamed_files_gets_a_renamed_temporary(
 
     assert target.read_bytes() == b'{"whole": true}'
     assert [p.name for p in target.parent.iterdir()] == ["s-4-confer.json"]
+
+
+@unnamed_files
+def test_a_failure_that_is_not_about_unnamed_files_is_raised_without_a_second_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the day's directory should be")
+    monkeypatch.setattr(transcripts, "atomic_write", refuse)
+
+    with pytest.raises(NotADirectoryError):
+        write_new_atomically(blocker / "s-5-confer.json", b"{}", fsync=False)
+    assert blocker.read_text().startswith("a file")

@@ -13,6 +13,7 @@ cannot reach the file; closing the writer drains the queue.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import queue
@@ -81,11 +82,7 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
     """
     temp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(temp, flags, 0o600)
-    except FileNotFoundError:  # the first file of a new day: make its directory once
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(temp, flags, 0o600)
+    fd = _open_in(path.parent, temp, flags)
     try:
         try:
             for chunk in chunks:
@@ -105,6 +102,8 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
 # /proc/self/fd): one directory change instead of two (create a temporary, rename it), which
 # took a transcript on ext4 from ~90-125 to ~45-85 us here, and still all or nothing.
 _UNNAMED_FILES = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+# What opening an unnamed file says where the filesystem or an older kernel has none.
+_NO_UNNAMED_FILES = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 def write_new_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None:
@@ -113,14 +112,11 @@ def write_new_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None
     if not _UNNAMED_FILES:
         atomic_write(path, (data,), fsync=fsync)
         return
-    flags = os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     try:
-        try:
-            fd = os.open(path.parent, flags, 0o600)
-        except FileNotFoundError:  # the first file of a new day: make its directory once
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path.parent, flags, 0o600)
-    except OSError:  # a filesystem without unnamed files (EOPNOTSUPP, EISDIR) or no directory
+        fd = _open_in(path.parent, path.parent, os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno not in _NO_UNNAMED_FILES:
+            raise  # not a question of support (a file where the directory should be, a permission)
         atomic_write(path, (data,), fsync=fsync)
         return
     try:
@@ -134,6 +130,15 @@ def write_new_atomically(path: Path, data: bytes, *, fsync: bool = True) -> None
         atomic_write(path, (data,), fsync=fsync)
     finally:
         os.close(fd)  # an unnamed file never linked is freed here: nothing is left behind
+
+
+def _open_in(directory: Path, target: Path, flags: int) -> int:
+    """`os.open(target, flags)` in `directory`, made first if missing (a new day's first file)."""
+    try:
+        return os.open(target, flags, 0o600)
+    except FileNotFoundError:
+        directory.mkdir(parents=True, exist_ok=True)
+        return os.open(target, flags, 0o600)
 
 
 def _write_all(fd: int, data: bytes) -> None:
