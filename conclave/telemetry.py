@@ -116,7 +116,7 @@ class Telemetry:
         self._stamp = UtcStamp()
         # A concrete logger, not `wrap_logger`'s lazy proxy: the proxy builds a fresh logger per
         # event, each one a reference cycle left for the garbage collector.
-        self._log = structlog.BoundLogger(self._sink, processors=[_add_session, self._render], context={})
+        self._log = structlog.BoundLogger(self._sink, processors=[self._render], context={})
 
     @classmethod
     def for_config(cls, config: Config) -> Telemetry:
@@ -146,11 +146,17 @@ class Telemetry:
         self._sink.close()
 
     def _render(self, _logger: WrappedLogger, _name: str, event: EventDict) -> bytes:
-        """Stamp, drop content unless asked, serialize, then redact the bytes in one pass."""
-        if not self._include_content:
+        """Stamp, add the bound session, drop content unless asked, serialize, then redact the
+        bytes in one pass. One processor for all of it: each step as its own processor built
+        one more copy of the event."""
+        if not self._include_content and not CONTENT_FIELDS.isdisjoint(event):
             for name in CONTENT_FIELDS.intersection(event):
                 del event[name]
-        stamped = {"ts": self._stamp(), **event}
+        session_id = _SESSION_ID.get()
+        if session_id is None or "session_id" in event:
+            stamped = {"ts": self._stamp(), **event}
+        else:
+            stamped = {"ts": self._stamp(), "session_id": session_id, **event}
         line = orjson.dumps(stamped, option=orjson.OPT_APPEND_NEWLINE, default=str)
         return self._redactor.json_bytes(line)
 
@@ -182,10 +188,3 @@ class _Binding:
     def __exit__(self, *_exc: object) -> None:
         if self._token is not None:
             _SESSION_ID.reset(self._token)
-
-
-def _add_session(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
-    session_id = _SESSION_ID.get()
-    if session_id is None or "session_id" in event:
-        return event
-    return {"session_id": session_id, **event}
