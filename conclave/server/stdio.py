@@ -120,7 +120,9 @@ def _pipe_writer(writer: asyncio.StreamWriter) -> Write:
 
 async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None:
     """Serve one connection until EOF on `read_line`."""
-    lock = anyio.Lock()
+    # Uncontended (the usual case), the lock is taken without a trip round the event loop: a
+    # checkpoint per reply cost a scheduling round, and `drain()` already yields to a slow reader.
+    lock = anyio.Lock(fast_acquire=True)
 
     async def send(message: Any) -> None:
         data = orjson.dumps(message) + b"\n"

@@ -1,0 +1,221 @@
+"""Instructions per confer in Conclave's own code, counted by callgrind: a figure this noisy
+machine cannot move.
+
+Run: .venv/bin/python -m bench.instructions [--confers 200] [--variants default,off]
+
+The timing figures of the suite swing by ±15 % between runs here, so a change worth 2 % of
+Conclave's CPU cannot be seen in them. Executed instructions can: the same build counts the
+same within about 0.01 %. Each variant runs twice under `valgrind --tool=callgrind` in a fresh
+interpreter (hash seed fixed), once with no measured confers and once with `--confers`; the
+difference divided by the confers is the figure, so start-up and imports cancel out.
+
+What is counted: `confer` with K=5 through the Python API, `--batch` confers at a time, on a
+provider transport that answers at once from memory with an OpenAI-shaped body. So the figure
+is Conclave's work per confer (validation, fan-out, adapters, worker turns, the result,
+events and transcripts, asyncio's share of scheduling it) without aiohttp's HTTP work, which
+is the same for every client. The kernel's work (the event-log and transcript writes) is not
+counted: callgrind sees user space only. `default` writes events and transcripts; `off`
+writes neither; their difference is what telemetry and transcripts cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+
+from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, write_config
+
+K = 5
+ANSWER = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-m0","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"[simulated bench-m0] Having weighed the question, '
+    b'I would choose option 2; the trade-offs favour it. (ref 97bcc8)"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":21,"completion_tokens":28,"total_tokens":49}}'
+)
+ANSWER_HEADERS = (
+    (b"Content-Type", b"application/json"),
+    (b"x-request-id", b"req-bench"),
+    (b"Content-Length", str(len(ANSWER)).encode()),
+)
+_COLLECTED = re.compile(r"Collected : (\d+)")
+ARGUMENTS = {"question": QUESTION, "providers": list(PLAIN_MODELS[:K])}
+WARM_UP_WAVES = 2  # caches, pools and the day's transcript folder, before anything is counted
+VIAS = ("api", "server")
+
+
+def _in_memory_transport() -> Any:
+    from conclave.http import ProviderTransport
+
+    class InMemory(ProviderTransport):
+        async def exchange(self, *_args: Any, **_kwargs: Any) -> tuple[int, Any, bytes]:
+            await asyncio.sleep(0)  # a real exchange suspends the caller at least once
+            return 200, ANSWER_HEADERS, ANSWER
+
+    return InMemory()
+
+
+def _config(variant: str, work: Path) -> Any:
+    from conclave.config import load_config
+
+    path = write_config(work, "http://127.0.0.1:9/v1", VARIANTS[variant], max_concurrency=1024)
+    return load_config(str(path), env={}, dotenv=None)
+
+
+async def _via_api(variant: str, count: int, batch: int, work: Path) -> None:
+    """`confer` called from a host's own asyncio loop, as the suite's conclave-api contender."""
+    from conclave.deliberation.confer import confer
+    from conclave.runtime import open_runtime
+
+    async def one() -> None:
+        result = await confer(runtime, dict(ARGUMENTS))
+        if result["degraded"]:
+            raise RuntimeError(f"degraded: {result['degraded_reasons']}")
+
+    async with open_runtime(_config(variant, work), transport=_in_memory_transport()) as runtime:
+        for _ in range(WARM_UP_WAVES + count // batch):
+            await asyncio.gather(*(one() for _ in range(batch)))
+
+
+async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
+    """`tools/call` lines through the stdio server's line loop (`serve_lines`), as `conclave
+    serve` handles them, minus the pipe: requests and replies pass through memory streams."""
+    from conclave.runtime import open_runtime
+    from conclave.server.core import Server
+    from conclave.server.stdio import serve_lines
+
+    requests_in, requests_out = anyio.create_memory_object_stream[bytes](batch)
+    replies_in, replies_out = anyio.create_memory_object_stream[bytes](batch)
+
+    async def read_line(_limit: int) -> bytes:
+        try:
+            return await requests_out.receive()
+        except anyio.EndOfStream:
+            return b""
+
+    async def one_wave(first_id: int) -> None:
+        for request_id in range(first_id, first_id + batch):
+            call = {"name": "confer", "arguments": ARGUMENTS}
+            line = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}
+            await requests_in.send(orjson.dumps(line) + b"\n")
+        for _ in range(batch):
+            reply = orjson.loads(await replies_out.receive())
+            if (
+                "error" in reply
+                or reply["result"].get("isError")
+                or reply["result"]["structuredContent"]["degraded"]
+            ):
+                raise RuntimeError(f"not a complete answer: {reply}")
+
+    config = _config(variant, work)
+    async with open_runtime(config, transport=_in_memory_transport()) as runtime:
+        server = Server(runtime)
+        async with anyio.create_task_group() as group:
+            group.start_soon(serve_lines, server, read_line, replies_in.send)
+            for wave in range(WARM_UP_WAVES + count // batch):
+                await one_wave(1 + wave * batch)
+            await requests_in.aclose()
+
+
+def count_instructions(via: str, variant: str, confers: int, batch: int) -> int:
+    """Instructions callgrind counts for one child process running `confers` measured confers."""
+    with tempfile.TemporaryDirectory(prefix="conclave-instructions-") as work:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            "-m",
+            "bench.instructions",
+            "--child",
+            variant,
+            "--via",
+            via,
+            "--confers",
+            str(confers),
+            "--batch",
+            str(batch),
+            "--work",
+            work,
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    found = _COLLECTED.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"callgrind run failed ({done.returncode}): {done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_confer(via: str, variant: str, confers: int, batch: int) -> float:
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: one per core
+        empty = pool.submit(count_instructions, via, variant, 0, batch)
+        full = pool.submit(count_instructions, via, variant, confers, batch)
+        return (full.result() - empty.result()) / confers
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.instructions",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--confers", type=int, default=200, help="measured confers per variant (K=5 each)")
+    parser.add_argument("--batch", type=int, default=50, help="confers in flight at once")
+    parser.add_argument(
+        "--variants", default="default,off", help=f"comma-separated subset of {','.join(VARIANTS)}"
+    )
+    parser.add_argument("--via", default="api", help=f"comma-separated subset of {','.join(VIAS)}")
+    parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.confers % args.batch:
+        parser.error("--confers must be a multiple of --batch")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        if args.via == "server":  # as `conclave serve` runs: anyio.run
+            anyio.run(_via_server, args.child, args.confers, args.batch, args.work)
+        else:  # as a host application would: its own asyncio loop
+            asyncio.run(_via_api(args.child, args.confers, args.batch, args.work))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("bench.instructions needs valgrind (apt install valgrind)", file=sys.stderr)
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    vias = [v.strip() for v in args.via.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS] + [v for v in vias if v not in VIAS]
+    if unknown:
+        print(f"unknown: {unknown}; variants are {list(VARIANTS)}, vias {list(VIAS)}", file=sys.stderr)
+        return 2
+    print(f"confer K={K}, transport answering from memory; {args.confers} confers, {args.batch} at a time")
+    for via in vias:
+        figures = {}
+        for variant in variants:
+            figures[variant] = per_confer(via, variant, args.confers, args.batch)
+            print(
+                f"  {via:6s} {variant:17s} {figures[variant]:>12,.0f} instructions per confer"
+                f"  ({figures[variant] / K:,.0f} per call)"
+            )
+        if "default" in figures and "off" in figures:
+            share = (figures["default"] - figures["off"]) / figures["default"] * 100.0
+            print(f"  {via:6s} telemetry + transcripts: {share:.1f} % of the default's instructions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
