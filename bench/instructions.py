@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -36,7 +37,8 @@ from typing import Any
 import anyio
 import orjson
 
-from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, write_config
+from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, scenarios, write_config
+from bench.panel import panel_process, put_scenarios
 
 K = 5
 ANSWER = (
@@ -53,7 +55,14 @@ ANSWER_HEADERS = (
 _COLLECTED = re.compile(r"Collected : (\d+)")
 ARGUMENTS = {"question": QUESTION, "providers": list(PLAIN_MODELS[:K])}
 WARM_UP_WAVES = 2  # caches, pools and the day's transcript folder, before anything is counted
-VIAS = ("api", "server")
+VIA_MEANS = {
+    "api": "Python API, transport in memory",
+    "server": "stdio server's line loop, transport in memory",
+    "panel": "Python API over HTTP to the panel (+ aiohttp)",
+    "raw": "raw aiohttp fan-out over HTTP to the panel",
+}
+VIAS = ("api", "server", "panel", "raw")  # panel and raw: real HTTP to the simulated panel
+OVER_HTTP = ("panel", "raw")
 
 
 def _in_memory_transport() -> Any:
@@ -129,7 +138,40 @@ async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
             await requests_in.aclose()
 
 
-def count_instructions(via: str, variant: str, confers: int, batch: int) -> int:
+async def _via_panel(variant: str, count: int, batch: int, work: Path, url: str) -> None:
+    """`confer` from a host's asyncio loop over real HTTP to the simulated panel: Conclave plus
+    aiohttp, the whole per-call work of the suite's conclave-api contender."""
+    from conclave.config import load_config
+    from conclave.deliberation.confer import confer
+    from conclave.runtime import open_runtime
+
+    path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
+    async with open_runtime(load_config(str(path), env={}, dotenv=None)) as runtime:
+
+        async def one() -> None:
+            result = await confer(runtime, dict(ARGUMENTS))
+            if result["degraded"]:
+                raise RuntimeError(f"degraded: {result['degraded_reasons']}")
+
+        for _ in range(WARM_UP_WAVES + count // batch):
+            await asyncio.gather(*(one() for _ in range(batch)))
+
+
+async def _via_raw(count: int, batch: int, url: str) -> None:
+    """The suite's raw-aiohttp contender (the limit) making the same K=5 calls to the panel."""
+    from bench.common import Point
+    from bench.contenders import RawAiohttp
+
+    raw = RawAiohttp(Point("instructions", "confer", K, batch, 1, 0, 0.0), url)
+    await raw.start()
+    try:
+        for _ in range(WARM_UP_WAVES + count // batch):
+            await asyncio.gather(*(raw.op() for _ in range(batch)))
+    finally:
+        await raw.close()
+
+
+def count_instructions(via: str, variant: str, confers: int, batch: int, url: str) -> int:
     """Instructions callgrind counts for one child process running `confers` measured confers."""
     with tempfile.TemporaryDirectory(prefix="conclave-instructions-") as work:
         command = [
@@ -149,6 +191,8 @@ def count_instructions(via: str, variant: str, confers: int, batch: int) -> int:
             str(batch),
             "--work",
             work,
+            "--url",
+            url,
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -158,10 +202,10 @@ def count_instructions(via: str, variant: str, confers: int, batch: int) -> int:
     return int(found.group(1))
 
 
-def per_confer(via: str, variant: str, confers: int, batch: int) -> float:
+def per_confer(via: str, variant: str, confers: int, batch: int, url: str = "") -> float:
     with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: one per core
-        empty = pool.submit(count_instructions, via, variant, 0, batch)
-        full = pool.submit(count_instructions, via, variant, confers, batch)
+        empty = pool.submit(count_instructions, via, variant, 0, batch, url)
+        full = pool.submit(count_instructions, via, variant, confers, batch, url)
         return (full.result() - empty.result()) / confers
 
 
@@ -179,6 +223,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--via", default="api", help=f"comma-separated subset of {','.join(VIAS)}")
     parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.confers % args.batch:
         parser.error("--confers must be a multiple of --batch")
@@ -190,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         if args.via == "server":  # as `conclave serve` runs: anyio.run
             anyio.run(_via_server, args.child, args.confers, args.batch, args.work)
+        elif args.via == "panel":
+            asyncio.run(_via_panel(args.child, args.confers, args.batch, args.work, args.url))
+        elif args.via == "raw":
+            asyncio.run(_via_raw(args.confers, args.batch, args.url))
         else:  # as a host application would: its own asyncio loop
             asyncio.run(_via_api(args.child, args.confers, args.batch, args.work))
         return 0
@@ -202,18 +251,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown: {unknown}; variants are {list(VARIANTS)}, vias {list(VIAS)}", file=sys.stderr)
         return 2
-    print(f"confer K={K}, transport answering from memory; {args.confers} confers, {args.batch} at a time")
-    for via in vias:
-        figures = {}
-        for variant in variants:
-            figures[variant] = per_confer(via, variant, args.confers, args.batch)
+    print(f"confer K={K}; {args.confers} confers, {args.batch} at a time")
+    with contextlib.ExitStack() as stack:
+        url = ""
+        if any(via in OVER_HTTP for via in vias):
+            urls = stack.enter_context(panel_process(0.0))  # its own process: not counted
+            put_scenarios(urls, scenarios())
+            url = urls["openai"]
+        figures: dict[tuple[str, str], float] = {}
+        for via in vias:
+            for variant in ["default"] if via == "raw" else variants:
+                figures[via, variant] = per_confer(via, variant, args.confers, args.batch, url)
+                print(
+                    f"  {via:6s} {variant:17s} {figures[via, variant]:>12,.0f} instructions per confer"
+                    f"  ({figures[via, variant] / K:,.0f} per call)  {VIA_MEANS[via]}"
+                )
+            if (via, "default") in figures and (via, "off") in figures:
+                on, off = figures[via, "default"], figures[via, "off"]
+                print(
+                    f"  {via:6s} telemetry + transcripts: {(on - off) / on * 100.0:.1f} %"
+                    " of the default's instructions"
+                )
+        if ("panel", "default") in figures and ("raw", "default") in figures:
+            ratio = figures["raw", "default"] / figures["panel", "default"]
             print(
-                f"  {via:6s} {variant:17s} {figures[variant]:>12,.0f} instructions per confer"
-                f"  ({figures[variant] / K:,.0f} per call)"
+                f"  raw aiohttp / Conclave over HTTP: {ratio:.2f}"
+                " (the throughput ratio a loop bound by these instructions would reach)"
             )
-        if "default" in figures and "off" in figures:
-            share = (figures["default"] - figures["off"]) / figures["default"] * 100.0
-            print(f"  {via:6s} telemetry + transcripts: {share:.1f} % of the default's instructions")
     return 0
 
 
