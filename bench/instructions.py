@@ -1,21 +1,28 @@
-"""Instructions per confer in Conclave's own code, counted by callgrind: a figure this noisy
-machine cannot move.
+"""Instructions per K=5 confer, counted by callgrind: a figure this noisy machine cannot move.
 
-Run: .venv/bin/python -m bench.instructions [--confers 200] [--variants default,off]
+Run: .venv/bin/python -m bench.instructions [--via api,server,panel,raw] [--variants default,off]
+     (needs valgrind; each via and variant takes about a minute and a half)
 
 The timing figures of the suite swing by ±15 % between runs here, so a change worth 2 % of
 Conclave's CPU cannot be seen in them. Executed instructions can: the same build counts the
-same within about 0.01 %. Each variant runs twice under `valgrind --tool=callgrind` in a fresh
-interpreter (hash seed fixed), once with no measured confers and once with `--confers`; the
-difference divided by the confers is the figure, so start-up and imports cancel out.
+same within about 0.3 %. Each figure comes from two runs under `valgrind --tool=callgrind`,
+each in a fresh interpreter with the hash seed fixed, one with no measured confers and one
+with `--confers`: the difference divided by the confers, so start-up and imports cancel out.
 
-What is counted: `confer` with K=5 through the Python API, `--batch` confers at a time, on a
-provider transport that answers at once from memory with an OpenAI-shaped body. So the figure
-is Conclave's work per confer (validation, fan-out, adapters, worker turns, the result,
-events and transcripts, asyncio's share of scheduling it) without aiohttp's HTTP work, which
-is the same for every client. The kernel's work (the event-log and transcript writes) is not
-counted: callgrind sees user space only. `default` writes events and transcripts; `off`
-writes neither; their difference is what telemetry and transcripts cost.
+What runs (`--batch` confers at a time, after two warm-up waves):
+- `api`: `confer` through the Python API from a host's asyncio loop, on a provider transport
+  that answers at once from memory with an OpenAI-shaped body: Conclave's own work per confer
+  (validation, fan-out, adapters, worker turns, the result, events and transcripts, asyncio's
+  share of scheduling it), without the HTTP work every client does alike;
+- `server`: the same as `tools/call` lines through the stdio server's line loop, under
+  `anyio.run` as `conclave serve` runs, minus the pipe;
+- `panel`: `confer` through the Python API over real HTTP to the simulated panel (zero
+  latency, in its own process, not counted): Conclave plus aiohttp;
+- `raw`: the suite's raw-aiohttp fan-out making the same calls to the panel (the limit).
+
+The kernel's work (sockets, the event log, transcript files) is not counted: callgrind sees
+user space only. `default` writes events and transcripts; `off` writes neither; their
+difference is what telemetry and transcripts cost.
 """
 
 from __future__ import annotations

@@ -247,13 +247,20 @@ class Reader:
 
 
 def follow(cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "conclave", "tail", "--follow", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A suite started in the background by a non-interactive shell (`.ci/run &`) ignores SIGINT,
+    # and an ignored signal stays ignored across exec: the follower would never see the Ctrl-C
+    # `stop` sends. A handled signal is reset to its default at exec, so the child gets that.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "conclave", "tail", "--follow", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop(process: subprocess.Popen[str]) -> tuple[int, str]:

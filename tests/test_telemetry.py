@@ -60,6 +60,24 @@ def test_an_event_line_carries_a_utc_timestamp_its_session_and_no_content(tmp_pa
     assert "question" not in event
 
 
+def test_an_event_keeps_a_session_it_names_itself_has_none_outside_one_and_keeps_content_when_asked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.ndjson"
+    telemetry = Telemetry(path, include_content=True)
+    telemetry.emit("rpc_error", code=-32700)
+    with session("s-bound"):
+        telemetry.emit("fetch", session_id="s-named", url="https://example.org/")
+        telemetry.emit("session_start", tool="confer", question="kept: include_content is on")
+    telemetry.close()
+
+    outside, named, bound = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert "session_id" not in outside and outside["code"] == -32700
+    assert named["session_id"] == "s-named"
+    assert bound["session_id"] == "s-bound" and bound["question"] == "kept: include_content is on"
+    assert list(bound)[:2] == ["ts", "session_id"] and list(bound)[-1] == "event"
+
+
 def test_a_configured_secret_is_masked_in_a_line_that_also_holds_non_ascii_text() -> None:
     line = orjson.dumps({"text": f"Schlüssel: {SECRET} — ende", "note": "ok"})
 

@@ -86,8 +86,8 @@ class _Confer:
         deadline = anyio.current_time() + self.timeout
         *others, own = self.providers
         async with anyio.create_task_group() as group:
-            # The group's own scope carries the deadline: a second scope around it cost a
-            # scope's set-up, timer and teardown per confer, and cancels nothing more.
+            # The deadline rides on the group's own cancel scope: a second scope around the
+            # group cancelled exactly the same tasks, at a scope's set-up and teardown per confer.
             group.cancel_scope.deadline = deadline
             for name in others:
                 group.start_soon(self._ask, name, deadline, done)
