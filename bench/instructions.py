@@ -83,15 +83,16 @@ def _in_memory_transport() -> Any:
     return InMemory()
 
 
-def _config(variant: str, work: Path) -> Any:
+def _config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -> Any:
     from conclave.config import load_config
 
-    path = write_config(work, "http://127.0.0.1:9/v1", VARIANTS[variant], max_concurrency=1024)
+    path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
     return load_config(str(path), env={}, dotenv=None)
 
 
-async def _via_api(variant: str, count: int, batch: int, work: Path) -> None:
-    """`confer` called from a host's own asyncio loop, as the suite's conclave-api contender."""
+async def _confers(config: Any, transport: Any, count: int, batch: int) -> None:
+    """`confer` called from a host's own asyncio loop, as the suite's conclave-api contender;
+    `transport` None means the production one."""
     from conclave.deliberation.confer import confer
     from conclave.runtime import open_runtime
 
@@ -100,7 +101,7 @@ async def _via_api(variant: str, count: int, batch: int, work: Path) -> None:
         if result["degraded"]:
             raise RuntimeError(f"degraded: {result['degraded_reasons']}")
 
-    async with open_runtime(_config(variant, work), transport=_in_memory_transport()) as runtime:
+    async with open_runtime(config, transport=transport) as runtime:
         for _ in range(WARM_UP_WAVES + count // batch):
             await asyncio.gather(*(one() for _ in range(batch)))
 
@@ -143,25 +144,6 @@ async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
             for wave in range(WARM_UP_WAVES + count // batch):
                 await one_wave(1 + wave * batch)
             await requests_in.aclose()
-
-
-async def _via_panel(variant: str, count: int, batch: int, work: Path, url: str) -> None:
-    """`confer` from a host's asyncio loop over real HTTP to the simulated panel: Conclave plus
-    aiohttp, the whole per-call work of the suite's conclave-api contender."""
-    from conclave.config import load_config
-    from conclave.deliberation.confer import confer
-    from conclave.runtime import open_runtime
-
-    path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
-    async with open_runtime(load_config(str(path), env={}, dotenv=None)) as runtime:
-
-        async def one() -> None:
-            result = await confer(runtime, dict(ARGUMENTS))
-            if result["degraded"]:
-                raise RuntimeError(f"degraded: {result['degraded_reasons']}")
-
-        for _ in range(WARM_UP_WAVES + count // batch):
-            await asyncio.gather(*(one() for _ in range(batch)))
 
 
 async def _via_raw(count: int, batch: int, url: str) -> None:
@@ -242,12 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         if args.via == "server":  # as `conclave serve` runs: anyio.run
             anyio.run(_via_server, args.child, args.confers, args.batch, args.work)
-        elif args.via == "panel":
-            asyncio.run(_via_panel(args.child, args.confers, args.batch, args.work, args.url))
+        elif args.via == "panel":  # real HTTP to the panel: the production transport
+            asyncio.run(_confers(_config(args.child, args.work, args.url), None, args.confers, args.batch))
         elif args.via == "raw":
             asyncio.run(_via_raw(args.confers, args.batch, args.url))
         else:  # as a host application would: its own asyncio loop
-            asyncio.run(_via_api(args.child, args.confers, args.batch, args.work))
+            config = _config(args.child, args.work)
+            asyncio.run(_confers(config, _in_memory_transport(), args.confers, args.batch))
         return 0
     if shutil.which("valgrind") is None:
         print("bench.instructions needs valgrind (apt install valgrind)", file=sys.stderr)

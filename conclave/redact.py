@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, AnyStr
 from urllib.parse import quote, quote_plus
 
 REDACTED = "[REDACTED]"
@@ -48,11 +48,6 @@ _SENSITIVE_JSON_FIELD = re.compile(
 # check per name cost several times more, on every event).
 _NAME_ENDINGS = (b'key"', b'authorization"', b'cookie"')
 
-
-def _may_hold_sensitive_field(lowered: bytes) -> bool:
-    return _NAME_ENDINGS[0] in lowered or _NAME_ENDINGS[1] in lowered or _NAME_ENDINGS[2] in lowered
-
-
 # The credential shapes' fixed parts: bearer, sk-, AIza, xai-, key=. Substring checks are far
 # cheaper than the alternation regex, which runs only on a hit. Checked on ASCII-lowered bytes
 # too: still a superset of the regex's matches, since its case-sensitive parts only match ASCII
@@ -61,16 +56,10 @@ _CREDENTIAL_TRIGGERS = ("bearer", "sk-", "aiza", "xai-", "key=")
 _CREDENTIAL_TRIGGER_BYTES = tuple(trigger.encode("ascii") for trigger in _CREDENTIAL_TRIGGERS)
 
 
-def _may_hold_credential(lowered: str) -> bool:
-    for trigger in _CREDENTIAL_TRIGGERS:  # noqa: SIM110 -- no generator object per event
-        if trigger in lowered:
-            return True
-    return False
-
-
-def _bytes_may_hold_credential(lowered: bytes) -> bool:
-    for trigger in _CREDENTIAL_TRIGGER_BYTES:  # noqa: SIM110 -- no generator object per event
-        if trigger in lowered:
+def _contains_any(haystack: AnyStr, needles: Iterable[AnyStr]) -> bool:
+    """Whether any needle occurs in `haystack`: the one pre-check behind every redaction path."""
+    for needle in needles:  # noqa: SIM110 -- a loop, not any(<generator>): no object per event
+        if needle in haystack:
             return True
     return False
 
@@ -91,7 +80,7 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        if not _may_hold_credential(value.lower()):
+        if not _contains_any(value.lower(), _CREDENTIAL_TRIGGERS):
             return value  # the common case: skip the regex scan
         return _CREDENTIAL_SHAPES.sub(_mask_match, value)
 
@@ -114,20 +103,15 @@ class Redactor:
         or a credential is decoded for `text` (each extra pass over a transcript cost ~4 us).
         """
         lowered = data.lower()
-        if _may_hold_sensitive_field(lowered):
+        if _contains_any(lowered, _NAME_ENDINGS):
             data = _SENSITIVE_JSON_FIELD.sub(rb'"\1"\2"' + REDACTED.encode() + rb'"', data)
-        if not self._holds_secret(data) and not _bytes_may_hold_credential(lowered):
+        if not _contains_any(data, self._secret_bytes) and not _contains_any(
+            lowered, _CREDENTIAL_TRIGGER_BYTES
+        ):
             return data
         text = data.decode("utf-8")
         redacted = self.text(text)
         return data if redacted is text else redacted.encode("utf-8")
-
-    def _holds_secret(self, data: bytes) -> bool:
-        # A loop, not any(<generator>): no generator object per event on this hot path.
-        for secret in self._secret_bytes:  # noqa: SIM110
-            if secret in data:
-                return True
-        return False
 
     def _field(self, key: str, value: Any) -> Any:
         if key.lower() in SENSITIVE_KEYS and isinstance(value, str) and value:
