@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import VERIFY_CHECK, Point, percentile
+from bench.common import VERIFY_CHECK, Point, bench_env, percentile
 from bench.contenders import make_contender, own_cpu_seconds, own_peak_rss_bytes
 
 
@@ -101,7 +101,7 @@ async def measure_verify_hop(spec: dict[str, Any]) -> dict[str, Any]:
     from conclave.config import load_config
     from conclave.runtime import open_runtime
 
-    config = load_config(spec["config"], env={}, dotenv=None)
+    config = load_config(spec["config"], env=bench_env(), dotenv=None)
     args = {"checks": [VERIFY_CHECK]}
     calls, batches = int(spec["calls"]), int(spec["batches"])
     per_call_us: list[float] = []

@@ -7,6 +7,8 @@ and each measured cell (`bench.cell`) pays only for what its contender really lo
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -177,19 +179,49 @@ def telemetry_off_means() -> str:
     return "telemetry.enabled false" if telemetry_switch() else "telemetry.path /dev/null (no config switch)"
 
 
+def _key_body(seed: str, length: int) -> str:
+    stream = hashlib.sha512(seed.encode()).digest() * (length // 64 + 1)
+    return base64.urlsafe_b64encode(stream).decode()[:length]
+
+
+# What a user with four providers configured has: keys shaped and sized like OpenAI's project
+# keys, Anthropic's, Gemini's and xAI's. The bench's members send them, so Conclave's redaction
+# screens every event line and transcript for all four in every spelling, as it does for such
+# a user (with no keys configured, that work was missing from every figure).
+BENCH_KEYS = {
+    "CONCLAVE_BENCH_OPENAI_KEY": "sk-proj-" + _key_body("openai", 156),
+    "CONCLAVE_BENCH_ANTHROPIC_KEY": "sk-ant-api03-" + _key_body("anthropic", 95),
+    "CONCLAVE_BENCH_GEMINI_KEY": "AIza" + _key_body("gemini", 35),
+    "CONCLAVE_BENCH_XAI_KEY": "xai-" + _key_body("xai", 80),
+}
+
+
+def bench_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (the empty environment by default) plus the bench's provider keys."""
+    return {**(base or {}), **BENCH_KEYS}
+
+
 def write_config(
     work: Path, openai_url: str, variant: ConfigVariant, *, max_concurrency: int, tag: str = ""
 ) -> Path:
     """A Conclave config whose providers are the panel's bench models (kind openai).
 
     Every model is its own provider entry, so K providers per confer are K distinct
-    upstream models, as with a real panel. The event log and transcripts go under `work`.
+    upstream models, as with a real panel; each uses one of `BENCH_KEYS` (load the config with
+    `bench_env()`). The event log and transcripts go under `work`.
     """
     price = {"input_per_mtok": 0.4, "output_per_mtok": 1.6}
     models = (*PLAIN_MODELS, *VERIFY_MODELS, PROPOSER, *CRITICS, SYNTHESIZER)
+    key_names = list(BENCH_KEYS)
     providers = {
-        m: {"kind": "openai", "model": m, "base_url": openai_url, "api_key_env": None, "price": price}
-        for m in models
+        m: {
+            "kind": "openai",
+            "model": m,
+            "base_url": openai_url,
+            "api_key_env": key_names[index % len(key_names)],
+            "price": price,
+        }
+        for index, m in enumerate(models)
     }
     suffix = f"-{tag}" if tag else ""
     raw = {

@@ -39,6 +39,7 @@ from bench.common import (
     TASK,
     VERIFY_FINAL,
     Point,
+    bench_env,
     op_arguments,
     op_method,
 )
@@ -146,7 +147,7 @@ class ConclaveApi:
         from conclave.deliberation.coordinate import coordinate
         from conclave.runtime import open_runtime
 
-        config = load_config(str(self.config_path), env={}, dotenv=None)
+        config = load_config(str(self.config_path), env=bench_env(), dotenv=None)
         self.runtime = await self._stack.enter_async_context(open_runtime(config))
         self._call = coordinate if self.point.kind == "coordinate" else confer
 
@@ -229,6 +230,7 @@ class ServeStdio(_Served):
         with self._open_log() as log:
             self.proc = await asyncio.create_subprocess_exec(
                 *serve_command(self.config_path),
+                env=bench_env(os.environ),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
@@ -310,6 +312,7 @@ class ServeHttp(_Served):
 
         self.proc = await asyncio.create_subprocess_exec(
             *serve_command(self.config_path, "--http", "127.0.0.1:0"),
+            env=bench_env(os.environ),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

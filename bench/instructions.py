@@ -44,7 +44,7 @@ from typing import Any
 import anyio
 import orjson
 
-from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, scenarios, write_config
+from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, bench_env, scenarios, write_config
 from bench.panel import panel_process, put_scenarios
 
 K = 5
@@ -87,7 +87,7 @@ def _config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -> Any
     from conclave.config import load_config
 
     path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
-    return load_config(str(path), env={}, dotenv=None)
+    return load_config(str(path), env=bench_env(), dotenv=None)
 
 
 async def _confers(config: Any, transport: Any, count: int, batch: int) -> None:

@@ -22,7 +22,7 @@ import gc
 import tempfile
 from pathlib import Path
 
-from bench.common import VARIANTS, op_arguments, points, scenarios, write_config
+from bench.common import VARIANTS, bench_env, op_arguments, points, scenarios, write_config
 from bench.panel import panel_process, put_scenarios
 
 LATENCY_MS = 500.0
@@ -39,7 +39,7 @@ async def measure(urls: dict[str, str], confers: int, work: Path) -> collections
     from conclave.runtime import open_runtime
 
     config_path = write_config(work, urls["openai"], VARIANTS["default"], max_concurrency=4096)
-    config = load_config(str(config_path), env={}, dotenv=None)
+    config = load_config(str(config_path), env=bench_env(), dotenv=None)
     point = next(p for p in points(quick=False, seq_ops=25, high_n=500) if p.id == "k5n100")
     args = op_arguments(point)
     async with open_runtime(config) as runtime:

@@ -46,6 +46,7 @@ from bench.common import (
     VARIANTS,
     Point,
     Spread,
+    bench_env,
     points,
     scenarios,
     telemetry_off_means,
@@ -144,6 +145,7 @@ def serve_startup_ms(config: Path) -> float:
     start = time.perf_counter()
     proc = subprocess.Popen(
         [*serve_executable(), "serve", "--config", str(config)],
+        env=bench_env(os.environ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, AnyStr
 from urllib.parse import quote, quote_plus
 
@@ -64,6 +65,44 @@ def _contains_any(haystack: AnyStr, needles: Iterable[AnyStr]) -> bool:
     return False
 
 
+_GRAM = 8  # bytes per word: the widest unsigned integer a memoryview casts to (format "Q")
+
+
+class _SecretSieve:
+    """Whether any of many secret spellings may occur in some bytes, in one sampled pass.
+
+    Four keys make 28 spellings; asking `needle in data` for each was a pass over every event
+    line and transcript per spelling. Instead: an occurrence of a spelling at least `reach`
+    bytes long contains a whole 8-byte word starting at a multiple of `stride` (the multiples
+    of `stride` are `stride` apart, and the positions where such a word fits inside the
+    occurrence span `reach - 7 >= stride` of them). So reading only those words of the data
+    (a strided memoryview, no copy) and looking each up among every 8-byte window of every
+    spelling misses no occurrence; a hit is confirmed by the exact search. Spellings too short
+    for a stride of 8 keep the plain per-spelling search.
+    """
+
+    __slots__ = ("_short", "_step", "_windows")
+
+    def __init__(self, needles: Sequence[bytes]) -> None:
+        long = [needle for needle in needles if len(needle) >= 2 * _GRAM - 1]
+        self._short = tuple(needle for needle in needles if len(needle) < 2 * _GRAM - 1)
+        reach = min((len(needle) for needle in long), default=2 * _GRAM - 1)
+        self._step = (reach - _GRAM + 1) // _GRAM  # the stride, in words
+        self._windows = frozenset(
+            int.from_bytes(needle[start : start + _GRAM], sys.byteorder)
+            for needle in long
+            for start in range(len(needle) - _GRAM + 1)
+        )
+
+    def may_occur_in(self, data: bytes) -> bool:
+        if self._windows:
+            whole_words = len(data) - len(data) % _GRAM
+            words = memoryview(data)[:whole_words].cast("Q")[:: self._step]
+            if not self._windows.isdisjoint(words):
+                return True
+        return _contains_any(data, self._short)
+
+
 class Redactor:
     """Replaces known secret values and credential-shaped strings with a marker."""
 
@@ -74,7 +113,7 @@ class Redactor:
         forms = {form for s in secrets if len(s) >= 8 for form in spellings(s)}
         self._secrets = sorted(forms, key=len, reverse=True)
         # orjson writes non-ASCII text as UTF-8, unescaped: a key appears in JSON as these bytes.
-        self._secret_bytes = tuple(form.encode("utf-8") for form in self._secrets)
+        self._sieve = _SecretSieve([form.encode("utf-8") for form in self._secrets])
 
     def text(self, value: str) -> str:
         for secret in self._secrets:
@@ -105,9 +144,7 @@ class Redactor:
         lowered = data.lower()
         if _contains_any(lowered, _NAME_ENDINGS):
             data = _SENSITIVE_JSON_FIELD.sub(rb'"\1"\2"' + REDACTED.encode() + rb'"', data)
-        if not _contains_any(data, self._secret_bytes) and not _contains_any(
-            lowered, _CREDENTIAL_TRIGGER_BYTES
-        ):
+        if not self._sieve.may_occur_in(data) and not _contains_any(lowered, _CREDENTIAL_TRIGGER_BYTES):
             return data
         text = data.decode("utf-8")
         redacted = self.text(text)

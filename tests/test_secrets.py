@@ -14,7 +14,7 @@ import pytest
 from conclave.config import Config
 from conclave.errors import ProviderError
 from conclave.messages import CompletionRequest
-from conclave.redact import SENSITIVE_KEYS, Redactor
+from conclave.redact import SENSITIVE_KEYS, Redactor, spellings
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio
@@ -108,3 +108,20 @@ def test_every_sensitive_field_in_serialized_json_is_masked_whatever_its_case(na
     redacted = orjson.loads(Redactor().json_bytes(line))
     assert redacted[name.upper()] == "[REDACTED]"
     assert redacted[f"{name}_not"] == "visible"
+
+
+@pytest.mark.parametrize("length", [8, 14, 15, 16, 22, 23, 24, 39, 40, 164])
+def test_every_spelling_is_caught_at_every_offset_of_a_serialized_line(length: int) -> None:
+    """json_bytes reads only every stride-th 8-byte word of a line to rule the keys out (one
+    pass for all spellings, not one per spelling): a spelling must still be caught wherever it
+    starts and whatever follows it, at every key length around the word and stride edges."""
+    key = "".join("Ab3-x_9Qz"[(i * 7 + length) % 9] for i in range(length))
+    other = "sk-" + "Zy8_" * 12  # a second, longer key: the shortest one sets the stride
+    redactor = Redactor([key, other])
+    for form in spellings(key) | spellings(other):
+        for before in range(17):
+            for after in (0, 1, 7, 9):
+                line = orjson.dumps({"m": "." * before + form + "," * after, "n": 1})
+                redacted = redactor.json_bytes(line)
+                assert form.encode() not in redacted, (form, before, after)
+                assert orjson.loads(redacted)["n"] == 1
