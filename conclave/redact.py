@@ -56,13 +56,53 @@ _NAME_ENDINGS = (b'key"', b'authorization"', b'cookie"')
 _CREDENTIAL_TRIGGERS = ("bearer", "sk-", "aiza", "xai-", "key=")
 _CREDENTIAL_TRIGGER_BYTES = tuple(trigger.encode("ascii") for trigger in _CREDENTIAL_TRIGGERS)
 
+# Bytes that event lines and most prose seldom hold. A needle with one of them is searched for
+# only where that byte occurs, and finding one byte is a memchr, several times cheaper than a
+# substring search: an event line takes four substring searches instead of eight.
+_RARE_BYTES = b"zxqj="
+
 
 def _contains_any(haystack: AnyStr, needles: Iterable[AnyStr]) -> bool:
-    """Whether any needle occurs in `haystack`: the one pre-check behind every redaction path."""
+    """Whether any needle occurs in `haystack`: the one pre-check behind every redaction path.
+
+    `find`, not `in`: on bytes, `needle in haystack` first tries the needle as an integer (for
+    `65 in b"A"`) and builds and discards a formatted TypeError each time, ~1,800 instructions
+    per check on CPython 3.11, 120 K per confer.
+    """
     for needle in needles:  # noqa: SIM110 -- a loop, not any(<generator>): no object per event
-        if needle in haystack:
+        if haystack.find(needle) != -1:
             return True
     return False
+
+
+class _Needles:
+    """Whether any of some needles occurs in lowered bytes, each gated by its rarest byte."""
+
+    __slots__ = ("_gated", "_ungated")
+
+    def __init__(self, needles: Iterable[bytes]) -> None:
+        gated: dict[bytes, list[bytes]] = {}
+        ungated: list[bytes] = []
+        for needle in needles:
+            gate = next((bytes((rare,)) for rare in _RARE_BYTES if rare in needle), None)
+            if gate is None:
+                ungated.append(needle)
+            else:
+                gated.setdefault(gate, []).append(needle)
+        self._ungated = tuple(ungated)
+        self._gated = tuple((gate, tuple(group)) for gate, group in gated.items())
+
+    def occur_in(self, lowered: bytes) -> bool:
+        if _contains_any(lowered, self._ungated):
+            return True
+        for gate, needles in self._gated:
+            if lowered.find(gate) != -1 and _contains_any(lowered, needles):
+                return True
+        return False
+
+
+_SENSITIVE_NAME_ENDS = _Needles(_NAME_ENDINGS)
+_CREDENTIAL_PARTS = _Needles(_CREDENTIAL_TRIGGER_BYTES)
 
 
 _GRAM = 8  # bytes per word: the widest unsigned integer a memoryview casts to (format "Q")
@@ -142,9 +182,9 @@ class Redactor:
         or a credential is decoded for `text` (each extra pass over a transcript cost ~4 us).
         """
         lowered = data.lower()
-        if _contains_any(lowered, _NAME_ENDINGS):
+        if _SENSITIVE_NAME_ENDS.occur_in(lowered):
             data = _SENSITIVE_JSON_FIELD.sub(rb'"\1"\2"' + REDACTED.encode() + rb'"', data)
-        if not self._sieve.may_occur_in(data) and not _contains_any(lowered, _CREDENTIAL_TRIGGER_BYTES):
+        if not self._sieve.may_occur_in(data) and not _CREDENTIAL_PARTS.occur_in(lowered):
             return data
         text = data.decode("utf-8")
         redacted = self.text(text)
