@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,19 @@ def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(
 ) -> None:
     secret = "sk-transcript-secret-123456789"
     writer = TranscriptWriter(tmp_path, Redactor([secret]), fsync=fsync)
+    before = datetime.now(UTC)
     paths = [
-        writer.submit("s-1", "confer", {"arguments": {"question": f"my key is {secret}", "n": n}})
+        Path(writer.submit("s-1", "confer", {"arguments": {"question": f"my key is {secret}", "n": n}}))
         for n in range(3)
     ]
+    after = datetime.now(UTC)
+    for n, path in enumerate(paths):  # <dir>/<UTC day>/<session>-<tool>-<HHMMSSffffff>-<n>.json
+        day, name = path.parent.name, path.name
+        time_of_day = name.split("-")[3]
+        assert path.parent.parent == tmp_path and len(time_of_day) == 12 and time_of_day.isdigit()
+        written = datetime.strptime(f"{day} {time_of_day}", "%Y-%m-%d %H%M%S%f").replace(tzinfo=UTC)
+        assert before.replace(microsecond=0) <= written <= after, (before, name, after)
+        assert name.endswith(f"-{n:04d}.json")
     if not fsync:
         assert all(p.exists() for p in paths), "without fsync the call writes its transcript itself"
     writer.close()
@@ -68,7 +78,7 @@ def test_transcripts_are_redacted_of_secrets_and_whole_once_the_writer_closes(
 def test_the_payload_is_captured_when_submitted_not_when_written(tmp_path: Path, fsync: bool) -> None:
     writer = TranscriptWriter(tmp_path, Redactor(), fsync=fsync)
     result = {"status": "ok"}
-    path = writer.submit("s-2", "confer", {"result": result})
+    path = Path(writer.submit("s-2", "confer", {"result": result}))
     result["status"] = "changed later by the caller"
     writer.close()
     assert json.loads(path.read_text()) == {"result": {"status": "ok"}}

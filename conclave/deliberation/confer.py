@@ -187,7 +187,7 @@ class _Confer:
                 "result": result,
                 "hops": {a.provider: a.exchanges for a in answers},
             }
-            path = str(runtime.transcripts.submit(self.session.id, "confer", payload))
+            path = runtime.transcripts.submit(self.session.id, "confer", payload)
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")
         runtime.telemetry.emit(
             "session_end",

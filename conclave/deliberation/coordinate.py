@@ -410,7 +410,7 @@ class _Debate:
                     for a in self.all_answers
                 ],
             }
-            path = str(runtime.transcripts.submit(self.session.id, "coordinate", payload))
+            path = runtime.transcripts.submit(self.session.id, "coordinate", payload)
         status = "dry_run" if result.get("dry_run") else ("degraded" if result["degraded"] else "ok")
         runtime.telemetry.emit(
             "session_end",
