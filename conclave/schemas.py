@@ -347,8 +347,8 @@ def _additional_properties(c: _Compiler, allowed: Any, schema: Any) -> Accept | 
 
 
 def _required(_c: _Compiler, names: Any, _schema: Any) -> Accept:
-    wanted = tuple(names)
-    return _on_objects(lambda value: all(name in value for name in wanted))
+    wanted = frozenset(names)
+    return _on_objects(lambda value: value.keys() >= wanted)
 
 
 def _pattern(_c: _Compiler, pattern: Any, _schema: Any) -> Accept:

@@ -115,17 +115,20 @@ _NO_UNNAMED_FILES = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 def write_new_atomically(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
     """Write a new file whole or not at all: an unnamed file linked into place where the
     system has them, else `atomic_write`. An existing file is replaced, through `atomic_write`."""
-    if not _UNNAMED_FILES:
+    if not (_UNNAMED_FILES and _link_unnamed(path, data, fsync=fsync)):
         atomic_write(Path(path), (data,), fsync=fsync)
-        return
+
+
+def _link_unnamed(path: str | Path, data: bytes, *, fsync: bool) -> bool:
+    """Write `data` to an unnamed file and link it as `path`; False, with nothing left behind,
+    where the filesystem has no unnamed files or `path` already exists."""
     directory = os.path.dirname(path)
     try:
         fd = _open_in(directory, directory, _UNNAMED_FILE_FLAGS)
     except OSError as exc:
         if exc.errno not in _NO_UNNAMED_FILES:
             raise  # not a question of support (a file where the directory should be, a permission)
-        atomic_write(Path(path), (data,), fsync=fsync)
-        return
+        return False
     try:
         _write_all(fd, data)
         if fsync:
@@ -134,9 +137,10 @@ def write_new_atomically(path: str | Path, data: bytes, *, fsync: bool = True) -
         # makes CPython call linkat() with AT_SYMLINK_FOLLOW, which names the unnamed file.
         os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
     except FileExistsError:
-        atomic_write(Path(path), (data,), fsync=fsync)
+        return False
     finally:
         os.close(fd)  # an unnamed file never linked is freed here: nothing is left behind
+    return True
 
 
 def _open_in(directory: str | Path, target: str | Path, flags: int) -> int:
