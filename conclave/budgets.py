@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from conclave.errors import ToolRefused
+from conclave.records import record
 
 
 class EgressExhausted(ToolRefused):
@@ -98,7 +99,7 @@ class CostCapExceeded(ToolRefused):
 COST_CAP_MODES = ("warn", "enforce", "off")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CostCap:
     """A resolved cap: `cap_usd` None means no cap (a cap <= 0 disables it)."""
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, Protocol
+
+from conclave.records import record
 
 Role = Literal["user", "assistant"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Message:
     role: Role
     content: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CompletionRequest:
     """What a caller wants from one model call; adapters map it onto their wire."""
 
@@ -28,7 +30,7 @@ class CompletionRequest:
         return cls(messages=(Message("user", question),), **kwargs)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Usage:
     """Token counts in Conclave's one convention (SPEC §6), whatever the provider counts.
 
@@ -70,7 +72,7 @@ class Usage:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Completion:
     """One normalized model answer, as every adapter returns it."""
 

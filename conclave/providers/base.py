@@ -4,7 +4,6 @@ mapping from an HTTP status (plus the provider's own error code) to Conclave's e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Protocol
 
@@ -18,6 +17,7 @@ from conclave.errors import (
     TransientProviderError,
 )
 from conclave.messages import CompletionRequest, Usage
+from conclave.records import record
 
 Headers = Mapping[str, str]  # response headers, names lower-cased
 # Every request names its client, as the providers' own SDKs do. Set here rather than left to
@@ -28,14 +28,14 @@ JSON_HEADERS: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WireRequest:
     url: str
     headers: Mapping[str, str]
     body: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ParsedCompletion:
     """An adapter's reading of a 200 response, before pricing and timing are added."""
 
@@ -46,7 +46,7 @@ class ParsedCompletion:
     request_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ErrorDetails:
     """What an adapter reads out of a provider's error body."""
 

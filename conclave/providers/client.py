@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Headers, ParsedCompletion, WireRequest, status_error
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
+from conclave.records import record
 from conclave.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -304,7 +305,7 @@ class ProviderClient:
         return self._telemetry.redactor.text(text)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Outgoing:
     """A request as sent: the body encoded once, for every attempt. Only this stays alive while
     the call waits, not the adapter's body dicts and lists (objects the collector would walk)."""

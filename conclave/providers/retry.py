@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from conclave.config import RetryPolicy
 from conclave.errors import ProviderError, TransientProviderError
+from conclave.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RetryDecision:
     retry: bool
     delay: float

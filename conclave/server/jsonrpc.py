@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import traceback
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from conclave.errors import CallerError, InvalidArguments, ToolError, UnknownTool
+from conclave.records import record
 from conclave.telemetry import Telemetry
 
 PARSE_ERROR = -32700
@@ -36,7 +36,7 @@ class Parsed:
     """Marker base for the result of `decode`."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Request(Parsed):
     method: str
     params: Any
@@ -44,7 +44,7 @@ class Request(Parsed):
     is_notification: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Invalid(Parsed):
     error: RpcError
     id: RequestId

@@ -21,6 +21,7 @@ from conclave.budgets import CostCap, CostMeter, HopBudget
 from conclave.config import WorkerTools
 from conclave.errors import InvalidArguments, ProviderError, ToolError, ToolRefused
 from conclave.messages import Completer, Completion, CompletionRequest, Message, Usage
+from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
 from conclave.worker.hint import tool_hint, with_hint
@@ -31,7 +32,7 @@ WORKER_ALLOWLIST = frozenset({"fetch", "verify"})  # hard: no LLM-spawning tool,
 _FETCH_REASONS_PASSED_THROUGH = frozenset({"egress_budget_exhausted"})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerTurn:
     """Everything one worker turn needs; `tools` empty means a plain call."""
 
@@ -48,7 +49,7 @@ class WorkerTurn:
     role: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InnerCall:
     hop: int
     name: str | None

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from conclave.records import record
 from conclave.strictjson import StrictJSONError, quote_key, strict_decoder
 
 OPEN = "<tool_call>"
@@ -22,7 +22,7 @@ MAX_NAME_CHARS = 64
 _EXCERPT_CHARS = 200
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolCall:
     name: str
     args: dict[str, Any]
@@ -31,7 +31,7 @@ class ToolCall:
     raw: str  # text[start:end]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TagError:
     detail: str  # what was wrong, worded for the model that has to fix it
     start: int
