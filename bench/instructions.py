@@ -43,6 +43,7 @@ from typing import Any
 
 import anyio
 import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.common import PLAIN_MODELS, QUESTION, VARIANTS, bench_env, scenarios, write_config
 from bench.panel import panel_process, put_scenarios
@@ -54,10 +55,15 @@ ANSWER = (
     b'I would choose option 2; the trade-offs favour it. (ref 97bcc8)"},"finish_reason":"stop"}],'
     b'"usage":{"prompt_tokens":21,"completion_tokens":28,"total_tokens":49}}'
 )
-ANSWER_HEADERS = (
-    (b"Content-Type", b"application/json"),
-    (b"x-request-id", b"req-bench"),
-    (b"Content-Length", str(len(ANSWER)).encode()),
+# As aiohttp's parser hands them over: a read-only mapping that ignores the name's case.
+ANSWER_HEADERS = CIMultiDictProxy(
+    CIMultiDict(
+        (
+            ("Content-Type", "application/json"),
+            ("x-request-id", "req-bench"),
+            ("Content-Length", str(len(ANSWER))),
+        )
+    )
 )
 _COLLECTED = re.compile(r"Collected : (\d+)")
 ARGUMENTS = {"question": QUESTION, "providers": list(PLAIN_MODELS[:K])}

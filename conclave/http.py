@@ -8,7 +8,9 @@ requests on a small machine (issue F1/F6 figures), aiohttp does not.
   caps hold, via the `httpx-aiohttp` transport, opened on the first request).
 - `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
   headers to aiohttp as plain tuples and returns a read response, skipping the per-request
-  conversions and stream wrappers a general transport needs (the F6 profile's top cost).
+  conversions and stream wrappers a general transport needs (the F6 profile's top cost). The
+  response headers it returns are the mapping aiohttp's parser already built, looked up
+  without regard to case: a provider sends 20-odd headers and the client reads two or three.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import aiohttp
 import httpx
 
 TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
-RawHeaders = Sequence[tuple[bytes, bytes]]  # as read off the wire, names in their original case
+# Response headers, looked up without regard to case. aiohttp decodes them as UTF-8 with
+# `surrogateescape` (so no byte is lost): read a value that leaves the process through
+# `providers.base.header_text`, since JSON cannot carry a lone surrogate.
+ResponseHeaders = Mapping[str, str]
 
 
 def make_http_client(
@@ -90,8 +95,8 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         connect: float | None = None,
         read: float | None = None,
         server_hostname: str | None = None,
-    ) -> tuple[int, RawHeaders, bytes]:
-        """Send one request and read the whole answer: (status, raw headers, body).
+    ) -> tuple[int, ResponseHeaders, bytes]:
+        """Send one request and read the whole answer: (status, headers, body).
 
         The provider client calls this directly, with plain values: no `httpx.Request` or
         `Response` is built. `total` bounds the whole exchange on aiohttp's own timer, so the
@@ -119,7 +124,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
                 timeout=timeout,
                 server_hostname=server_hostname,
             ) as response:
-                return response.status, response.raw_headers, await response.read()
+                return response.status, response.headers, await response.read()
         except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read), not `total`
             raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
         except aiohttp.ClientConnectorError as exc:
@@ -132,7 +137,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
         try:
-            status, raw_headers, body = await self.exchange(
+            status, headers, body = await self.exchange(
                 request.method,
                 str(request.url),
                 [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
@@ -146,12 +151,22 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         except httpx.TransportError as exc:
             exc.request = request
             raise
-        return httpx.Response(status, headers=list(raw_headers), content=body, request=request)
+        return httpx.Response(status, headers=_as_bytes(headers), content=body, request=request)
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _as_bytes(headers: ResponseHeaders) -> list[tuple[bytes, bytes]]:
+    """The headers' bytes as received (aiohttp's `surrogateescape` decoding undone): httpx would
+    refuse a non-ASCII `str` value."""
+    return [(_undecoded(k), _undecoded(v)) for k, v in headers.items()]
+
+
+def _undecoded(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from conclave.config import Config
@@ -300,3 +301,108 @@ async def test_a_bug_in_one_providers_turn_costs_that_answer_only(
     assert secret not in json.dumps(result)
     assert answers["alpha"]["status"] == answers["gamma"]["status"] == "ok"
     assert result["degraded"] is True
+
+
+class _CountingProvider:
+    """A local OpenAI-shaped server that holds each request a moment and records how many it
+    was holding at once."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most_at_once = 0
+        self.served = 0
+
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.in_flight += 1
+        self.most_at_once = max(self.most_at_once, self.in_flight)
+        try:
+            await request.read()
+            await anyio.sleep(0.05)  # long enough for every unlimited call to arrive meanwhile
+        finally:
+            self.in_flight -= 1
+        self.served += 1
+        return web.json_response(
+            {
+                "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                "model": "m",
+            }
+        )
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 2])
+async def test_max_concurrency_bounds_the_provider_calls_in_flight(
+    make_config: Callable[..., Config], max_concurrency: int
+) -> None:
+    from aiohttp import web
+
+    provider = _CountingProvider()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", provider.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        members = {
+            f"m{i}": {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}
+            for i in range(5)
+        }
+        config = make_config(members, limits={"max_concurrency": max_concurrency})
+        async with open_runtime(config) as runtime:
+            result = await confer(runtime, {"question": "Which?", "providers": list(members)})
+    finally:
+        await runner.cleanup()
+    assert [a["status"] for a in result["answers"]] == ["ok"] * 5
+    assert provider.served == 5
+    assert provider.most_at_once == max_concurrency
+
+
+async def test_a_request_id_in_any_case_and_any_bytes_reaches_the_event_log(
+    make_config: Callable[..., Config], events_path: Path
+) -> None:
+    """aiohttp hands header bytes that are not UTF-8 over as lone surrogates, which no JSON
+    encoder takes; the id must still be found (whatever the name's case) and be written."""
+    body = json.dumps(
+        {
+            "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            "model": "m",
+        }
+    ).encode()
+    ids = {b"utf8": "req-é".encode(), b"latin1": b"req-\xe9\xff"}
+
+    async def answer(reader: anyio.abc.ByteStream, writer: Any) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")  # type: ignore[attr-defined]
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        request = await reader.readexactly(length)  # type: ignore[attr-defined]
+        which = b"utf8" if b"utf8" in request else b"latin1"
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-ID: "
+            + ids[which]
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    import asyncio
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)  # type: ignore[arg-type]
+    port = server.sockets[0].getsockname()[1]
+    try:
+        member = {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}
+        config = make_config({"a": member})
+        async with open_runtime(config) as runtime:
+            for question in ("utf8", "latin1"):
+                result = await confer(runtime, {"question": question, "providers": ["a"]})
+                assert result["answers"][0]["status"] == "ok"
+    finally:
+        server.close()
+    calls = [e for e in read_events(events_path) if e["event"] == "provider_call"]
+    assert [c["request_id"] for c in calls] == ["req-é", "req-éÿ"]

@@ -16,6 +16,7 @@ from conclave.providers.base import (
     WireRequest,
     as_int,
     bare_model,
+    header_text,
 )
 
 API_VERSION = "2023-06-01"
@@ -58,14 +59,15 @@ class AnthropicAdapter:
             finish_reason=_FINISH.get(stop, stop),
             usage=_usage(body.get("usage") or {}),
             model=body.get("model") or entry.model,
-            request_id=headers.get("request-id") or body.get("id"),
+            request_id=header_text(headers, "request-id") or body.get("id"),
         )
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):
             err = {}
-        request_id = (body.get("request_id") if isinstance(body, dict) else None) or headers.get("request-id")
+        from_body = body.get("request_id") if isinstance(body, dict) else None
+        request_id = from_body or header_text(headers, "request-id")
         code = err.get("type")
         return ErrorDetails(
             message=str(err.get("message") or ""),

@@ -19,7 +19,7 @@ from conclave.errors import (
 from conclave.messages import CompletionRequest, Usage
 from conclave.records import record
 
-Headers = Mapping[str, str]  # response headers, names lower-cased
+Headers = Mapping[str, str]  # response headers; `get` ignores the name's case (see conclave.http)
 # Every request names its client, as the providers' own SDKs do. Set here rather than left to
 # aiohttp, whose default would name aiohttp (and skipping it costs a header set per request).
 JSON_HEADERS: Mapping[str, str] = {
@@ -138,6 +138,22 @@ def retry_after_from_headers(headers: Headers) -> float | None:
     from datetime import UTC, datetime
 
     return (when - datetime.now(UTC)).total_seconds()
+
+
+def header_text(headers: Headers, name: str) -> str | None:
+    """A header's value fit to leave the process (a request id into events and results).
+
+    Bytes that are not UTF-8 arrive as lone surrogates (aiohttp's `surrogateescape`), which no
+    JSON encoder takes: such a value is read as latin-1 instead, byte for byte.
+    """
+    value = headers.get(name)
+    if value is None or value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape").decode("latin-1")
+    return value
 
 
 def parse_duration(value: Any) -> float | None:

@@ -28,7 +28,7 @@ from conclave.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.http import ProviderTransport, RawHeaders, classify_transport_error
+from conclave.http import ProviderTransport, ResponseHeaders, classify_transport_error
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Headers, ParsedCompletion, WireRequest, status_error
 from conclave.providers.pricing import cost_usd
@@ -60,7 +60,7 @@ class ProviderClient:
         breaker: CircuitBreaker,
         retry: RetryPolicy,
         telemetry: Telemetry,
-        limiter: anyio.CapacityLimiter,
+        limiter: anyio.Semaphore,
         clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
         jitter: Callable[[], float] = random.random,
@@ -156,14 +156,14 @@ class ProviderClient:
         try:
             if self._direct is not None and self._slot_free():
                 try:
-                    status, raw_headers, body = await self._post(wire, budget)
+                    status, headers, body = await self._post(wire, budget)
                 finally:
                     self._limiter.release()
             else:
                 with anyio.fail_after(budget):
                     await self._limiter.acquire()
                     try:
-                        status, raw_headers, body = await self._post(wire, budget)
+                        status, headers, body = await self._post(wire, budget)
                     finally:
                         self._limiter.release()
         except TimeoutError as exc:
@@ -174,7 +174,7 @@ class ProviderClient:
             ) from exc
         except httpx.HTTPError as exc:
             raise self._transport_failure(exc) from exc
-        return self._read(status, _header_dict(raw_headers), body)
+        return self._read(status, headers, body)
 
     def _slot_free(self) -> bool:
         try:
@@ -191,14 +191,14 @@ class ProviderClient:
         what = "connection dropped" if failure == "connection_dropped" else "cannot connect"
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=failure)
 
-    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, RawHeaders, bytes]]:
+    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, ResponseHeaders, bytes]]:
         """The exchange to await. A plain function, so no coroutine layer of its own stays
         suspended for the whole round trip."""
         if self._direct is not None:
             return self._direct.exchange("POST", wire.url, wire.headers, wire.content, total=seconds)
         return self._post_httpx(wire, seconds)
 
-    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, RawHeaders, bytes]:
+    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, ResponseHeaders, bytes]:
         """Through httpx's transport seam, straight on the transport: provider calls need none
         of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
         request = httpx.Request(
@@ -215,7 +215,7 @@ class ProviderClient:
             raw = await response.aread()
         finally:
             await response.aclose()
-        return response.status_code, response.headers.raw, raw
+        return response.status_code, response.headers, raw
 
     def _read(self, status: int, headers: Headers, raw: bytes) -> ParsedCompletion:
         body = _json_or_none(raw)
@@ -394,10 +394,6 @@ class _CallRetryPolicy:
 @lru_cache(maxsize=1024)
 def _parsed_url(url: str) -> httpx.URL:
     return httpx.URL(url)  # immutable, so one parse serves every call to the same endpoint
-
-
-def _header_dict(raw: RawHeaders) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -19,6 +19,7 @@ from conclave.providers.base import (
     WireRequest,
     as_int,
     bare_model,
+    header_text,
 )
 
 # Models that always reason and so reject sampling parameters and `max_tokens`
@@ -80,8 +81,8 @@ class OpenAIAdapter:
             finish_reason=choice.get("finish_reason") or "stop",
             usage=_usage(body.get("usage") or {}),
             model=body.get("model") or entry.model,
-            request_id=headers.get("x-request-id")
-            or headers.get("mistral-correlation-id")
+            request_id=header_text(headers, "x-request-id")
+            or header_text(headers, "mistral-correlation-id")
             or (body.get("x_groq") or {}).get("id")
             or body.get("id"),
         )
@@ -97,7 +98,7 @@ class OpenAIAdapter:
             message = f"{message}: {raw}"
         code = err.get("code") if isinstance(err.get("code"), str) else err.get("type")
         return ErrorDetails(
-            message=message, code=str(code) if code else None, request_id=headers.get("x-request-id")
+            message=message, code=str(code) if code else None, request_id=header_text(headers, "x-request-id")
         )
 
 
