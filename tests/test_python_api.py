@@ -39,8 +39,9 @@ def test_the_sync_wrapper_runs_outside_an_event_loop(make_config: Callable[..., 
 def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_need(tmp_path: Path) -> None:
     """Each of these is ~0.5-2.6 MB resident in every process that imports it (the F6 peak-RSS
     target counts them): jsonschema (only to explain a rejected argument), tenacity (only on a
-    retry), httpx-aiohttp (only for a fetch). A valid confer, and a bad argument after it, run
-    in a fresh interpreter against the simulated panel."""
+    retry), httpx-aiohttp (only for a fetch), the fetch and verify tools (only when called). A
+    valid confer, a bad argument and a verify call after it, run in a fresh interpreter against
+    the simulated panel."""
     probe = f"""
 import asyncio, sys
 from conclave.config import load_config
@@ -48,7 +49,7 @@ from conclave.errors import InvalidArguments
 from conclave.runtime import open_runtime
 from conclave.deliberation.confer import confer
 from conclave.sim import SimPanel
-LAZY = ["jsonschema", "tenacity", "httpx_aiohttp"]
+LAZY = ["jsonschema", "tenacity", "httpx_aiohttp", "conclave.tools.fetch", "conclave.tools.verify"]
 
 async def main():
     async with SimPanel() as panel:
@@ -65,10 +66,16 @@ async def main():
                 await confer(rt, {{"question": "q?", "max_tokens": "many"}})
             except InvalidArguments as exc:
                 print(exc.path, "jsonschema" in sys.modules)
+            checked = await rt.call_tool("verify", {{"checks": [{{"type": "math", "expression": "1+1", "expected": 2}}]}})
+            print(checked["passed"], [m for m in LAZY if m in sys.modules])
 
 asyncio.run(main())
 """
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
 
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["ok []", "$.max_tokens True"]
+    assert out.stdout.splitlines() == [
+        "ok []",
+        "$.max_tokens True",
+        "True ['jsonschema', 'conclave.tools.verify']",
+    ]
