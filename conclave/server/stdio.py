@@ -125,7 +125,7 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
     lock = anyio.Lock(fast_acquire=True)
 
     async def send(message: Any) -> None:
-        data = orjson.dumps(message) + b"\n"
+        data = _line(message)
         async with lock:
             await write(data)
 
@@ -137,12 +137,12 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
             return
         try:
             reply = await server.handle_message(message, send)
-            data = None if reply is None else orjson.dumps(reply) + b"\n"
+            data = None if reply is None else _line(reply)
         except Exception as exc:
             # A bug costs this message its reply (a -32603 whose error_id finds the traceback in
             # the event log), never the server: an exception here would end the task group.
             internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.telemetry)
-            data = orjson.dumps(error_response(_id_of(message), internal)) + b"\n"
+            data = _line(error_response(_id_of(message), internal))
         if data is not None:
             async with lock:
                 await write(data)
@@ -162,6 +162,12 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
                 continue
             if line.strip():
                 group.start_soon(handle, line)
+
+
+def _line(message: Any) -> bytes:
+    """One reply line; orjson appends the newline itself (no second copy of a reply that can
+    be kilobytes long, with hundreds in flight)."""
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _method_of(message: Any) -> str:
