@@ -307,3 +307,30 @@ async def test_requests_name_conclave_as_their_client_unless_configured_otherwis
     sent = {name.lower(): value for name, value in panel.received[-1].headers.items()}
     assert sent["user-agent"] == (configured or f"conclave/{conclave.__version__}")
     assert "aiohttp" not in sent["user-agent"].lower()
+
+
+async def test_the_transport_hands_httpx_the_header_bytes_it_received() -> None:
+    """ProviderTransport behind httpx's seam: the response's header bytes reach httpx as sent,
+    including bytes that are not UTF-8 (aiohttp decodes them with surrogateescape)."""
+    import asyncio
+
+    import httpx
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Trace: caf\xe9\xff\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = ProviderTransport()
+    try:
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.get(f"http://127.0.0.1:{port}/")
+    finally:
+        await transport.aclose()
+        server.close()
+    assert response.status_code == 200 and response.content == b"ok"
+    assert (b"X-Trace", b"caf\xe9\xff") in response.headers.raw
+    assert response.headers["x-trace"] == "caf\xe9\xff"  # httpx reads non-UTF-8 as latin-1
