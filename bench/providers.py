@@ -28,6 +28,7 @@ from conclave.config import Config, load_config
 from conclave.http import make_http_client
 from conclave.messages import CompletionRequest
 from conclave.providers import ADAPTERS, ProviderClient, ProviderPool
+from conclave.providers.base import WireRequest
 from conclave.schemas import data_path
 from conclave.simulated import simulated_config
 from conclave.telemetry import Telemetry
@@ -72,7 +73,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             clients: dict[str, ProviderClient] = {
                 pool.get(name).entry.kind: pool.get(name) for name in config.providers
             }
-            wires = {k: ADAPTERS[k].build(REQUEST, clients[k].entry, None) for k in KINDS}
+            wires = {k: WireRequest.of(ADAPTERS[k], REQUEST, clients[k].entry, None) for k in KINDS}
 
             def raw_call(kind: str) -> Callable[[], Awaitable[Any]]:
                 wire = wires[kind]

@@ -13,7 +13,7 @@ from conclave.providers.base import (
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    WireRequest,
+    Target,
     as_int,
     bare_model,
     header_text,
@@ -35,7 +35,13 @@ _FINISH = {
 class AnthropicAdapter:
     kind: ClassVar[str] = "anthropic"
 
-    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest:
+    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+        headers = {**JSON_HEADERS, "anthropic-version": API_VERSION, **entry.headers}
+        if key:
+            headers["x-api-key"] = key
+        return Target(f"{entry.base_url}/v1/messages", headers)
+
+    def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": entry.model,
             "max_tokens": request.max_tokens,
@@ -45,10 +51,7 @@ class AnthropicAdapter:
             body["system"] = request.system
         if request.temperature is not None and not _NO_SAMPLING.match(bare_model(entry.model)):
             body["temperature"] = min(request.temperature, 1.0)
-        headers = {**JSON_HEADERS, "anthropic-version": API_VERSION, **entry.headers}
-        if key:
-            headers["x-api-key"] = key
-        return WireRequest(f"{entry.base_url}/v1/messages", headers, body)
+        return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         blocks = body["content"]

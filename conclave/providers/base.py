@@ -29,10 +29,28 @@ JSON_HEADERS: Mapping[str, str] = {
 
 
 @record
+class Target:
+    """Where a provider's calls go and the headers they carry: the same for every call, so a
+    client builds it once (not a URL, a header dict and an auth string per call, each alive for
+    the whole round trip)."""
+
+    url: str
+    headers: Mapping[str, str]
+
+
+@record
 class WireRequest:
     url: str
     headers: Mapping[str, str]
     body: Mapping[str, Any]
+
+    @classmethod
+    def of(
+        cls, adapter: Adapter, request: CompletionRequest, entry: ProviderConfig, key: str | None
+    ) -> WireRequest:
+        """The whole request one call sends (the client keeps the target and builds only bodies)."""
+        target = adapter.target(entry, key)
+        return cls(target.url, target.headers, adapter.body(request, entry))
 
 
 @record
@@ -62,7 +80,9 @@ class Adapter(Protocol):
 
     kind: ClassVar[str]
 
-    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest: ...
+    def target(self, entry: ProviderConfig, key: str | None) -> Target: ...
+
+    def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]: ...
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion: ...
 

@@ -13,7 +13,7 @@ from conclave.providers.base import (
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    WireRequest,
+    Target,
     as_int,
     parse_duration,
 )
@@ -29,7 +29,14 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 class GeminiAdapter:
     kind: ClassVar[str] = "gemini"
 
-    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest:
+    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+        headers = {**JSON_HEADERS, **entry.headers}
+        if key:
+            headers["x-goog-api-key"] = key
+        model = quote(entry.model.removeprefix("models/"), safe="-._")
+        return Target(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers)
+
+    def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         contents = [
             {"role": "model" if m.role == "assistant" else "user", "parts": [{"text": m.content}]}
             for m in request.messages
@@ -40,11 +47,7 @@ class GeminiAdapter:
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
         if request.system:
             body["systemInstruction"] = {"parts": [{"text": request.system}]}
-        headers = {**JSON_HEADERS, **entry.headers}
-        if key:
-            headers["x-goog-api-key"] = key
-        model = quote(entry.model.removeprefix("models/"), safe="-._")
-        return WireRequest(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers, body)
+        return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         candidates = body.get("candidates")

@@ -16,7 +16,7 @@ from conclave.providers.base import (
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    WireRequest,
+    Target,
     as_int,
     bare_model,
     header_text,
@@ -55,7 +55,13 @@ def _host(base_url: str) -> str:
 class OpenAIAdapter:
     kind: ClassVar[str] = "openai"
 
-    def build(self, request: CompletionRequest, entry: ProviderConfig, key: str | None) -> WireRequest:
+    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+        headers = {**JSON_HEADERS, **entry.headers}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        return Target(f"{entry.base_url}/chat/completions", headers)
+
+    def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         reasoning = is_reasoning_model(entry)
         messages: list[dict[str, str]] = []
         if request.system:
@@ -69,10 +75,7 @@ class OpenAIAdapter:
         }
         if request.temperature is not None and not reasoning:
             body["temperature"] = request.temperature
-        headers = {**JSON_HEADERS, **entry.headers}
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        return WireRequest(f"{entry.base_url}/chat/completions", headers, body)
+        return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         choice = body["choices"][0]
