@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -10,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aiohttp import web
 
 from conclave.config import Config
 from conclave.deliberation.confer import confer
@@ -312,9 +314,7 @@ class _CountingProvider:
         self.most_at_once = 0
         self.served = 0
 
-    async def handle(self, request: Any) -> Any:
-        from aiohttp import web
-
+    async def handle(self, request: web.Request) -> web.Response:
         self.in_flight += 1
         self.most_at_once = max(self.most_at_once, self.in_flight)
         try:
@@ -336,8 +336,6 @@ class _CountingProvider:
 async def test_max_concurrency_bounds_the_provider_calls_in_flight(
     make_config: Callable[..., Config], max_concurrency: int
 ) -> None:
-    from aiohttp import web
-
     provider = _CountingProvider()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", provider.handle)
@@ -345,7 +343,7 @@ async def test_max_concurrency_bounds_the_provider_calls_in_flight(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         members = {
             f"m{i}": {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}
@@ -375,10 +373,10 @@ async def test_a_request_id_in_any_case_and_any_bytes_reaches_the_event_log(
     ).encode()
     ids = {b"utf8": "req-é".encode(), b"latin1": b"req-\xe9\xff"}
 
-    async def answer(reader: anyio.abc.ByteStream, writer: Any) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")  # type: ignore[attr-defined]
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        request = await reader.readexactly(length)  # type: ignore[attr-defined]
+        request = await reader.readexactly(length)
         which = b"utf8" if b"utf8" in request else b"latin1"
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-ID: "
@@ -391,9 +389,7 @@ async def test_a_request_id_in_any_case_and_any_bytes_reaches_the_event_log(
         await writer.drain()
         writer.close()
 
-    import asyncio
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)  # type: ignore[arg-type]
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         member = {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}
