@@ -28,7 +28,6 @@ from conclave.config import Config, load_config
 from conclave.http import make_http_client
 from conclave.messages import CompletionRequest
 from conclave.providers import ADAPTERS, ProviderClient, ProviderPool
-from conclave.providers.base import WireRequest
 from conclave.schemas import data_path
 from conclave.simulated import simulated_config
 from conclave.telemetry import Telemetry
@@ -73,14 +72,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             clients: dict[str, ProviderClient] = {
                 pool.get(name).entry.kind: pool.get(name) for name in config.providers
             }
-            wires = {k: WireRequest.of(ADAPTERS[k], REQUEST, clients[k].entry, None) for k in KINDS}
+
+            # What each kind's raw call sends: the adapter's target and its encoded body.
+            sent = {
+                k: (
+                    ADAPTERS[k].target(clients[k].entry, None),
+                    orjson.dumps(ADAPTERS[k].body(REQUEST, clients[k].entry)),
+                )
+                for k in KINDS
+            }
 
             def raw_call(kind: str) -> Callable[[], Awaitable[Any]]:
-                wire = wires[kind]
-                payload = orjson.dumps(wire.body)
+                target, payload = sent[kind]
 
                 async def call() -> Any:
-                    async with session.post(wire.url, data=payload, headers=dict(wire.headers)) as r:
+                    async with session.post(target.url, data=payload, headers=dict(target.headers)) as r:
                         return orjson.loads(await r.read())
 
                 return call
@@ -100,10 +106,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         await timed(args.calls, conclave_call(kind))
                     )
 
-            wire = wires["openai"]
+            target, payload = sent["openai"]
             rates = [
-                await panel_rate(session, wire.url, orjson.dumps(wire.body), args.rate_requests, c)
-                for c in (16, 64, 256)
+                await panel_rate(session, target.url, payload, args.rate_requests, c) for c in (16, 64, 256)
             ]
 
     kinds: dict[str, dict[str, float]] = {}

@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from conclave.messages import Completion, Message, Usage
-from conclave.providers.base import ParsedCompletion
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,13 +33,6 @@ def test_records_compare_and_hash_by_value() -> None:
     done = Completion("hi", "stop", usage, "m", warnings=("w",))
     assert hash(done) == hash(Completion("hi", "stop", usage, "m", warnings=("w",)))
     assert not hasattr(done, "__dict__")  # slots: no per-instance dict
-
-
-def test_records_have_their_fields_in_order_with_defaults() -> None:
-    parsed = ParsedCompletion("t", "stop", Usage(), "m", None)
-    assert (parsed.text, parsed.usage.output_tokens, parsed.request_id) == ("t", 0, None)
-    with pytest.raises(TypeError):
-        ParsedCompletion("t", "stop", Usage(), "m")  # type: ignore[call-arg]
 
 
 def test_the_type_checker_rejects_assigning_a_record_field(tmp_path: Path) -> None:

@@ -16,10 +16,11 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
+from conclave.http import ResponseHeaders
 from conclave.messages import CompletionRequest, Usage
 from conclave.records import record
 
-Headers = Mapping[str, str]  # response headers; `get` ignores the name's case (see conclave.http)
+Headers = ResponseHeaders  # a response's headers, as the transport hands them over (see conclave.http)
 # Every request names its client, as the providers' own SDKs do. Set here rather than left to
 # aiohttp, whose default would name aiohttp (and skipping it costs a header set per request).
 JSON_HEADERS: Mapping[str, str] = {
@@ -36,21 +37,6 @@ class Target:
 
     url: str
     headers: Mapping[str, str]
-
-
-@record
-class WireRequest:
-    url: str
-    headers: Mapping[str, str]
-    body: Mapping[str, Any]
-
-    @classmethod
-    def of(
-        cls, adapter: Adapter, request: CompletionRequest, entry: ProviderConfig, key: str | None
-    ) -> WireRequest:
-        """The whole request one call sends (the client keeps the target and builds only bodies)."""
-        target = adapter.target(entry, key)
-        return cls(target.url, target.headers, adapter.body(request, entry))
 
 
 @record

@@ -28,7 +28,7 @@ from conclave.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.http import ProviderTransport, ResponseHeaders, classify_transport_error
+from conclave.http import ProviderTransport, classify_transport_error
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Headers, ParsedCompletion, Target, status_error
 from conclave.providers.pricing import cost_usd
@@ -192,14 +192,14 @@ class ProviderClient:
         what = "connection dropped" if failure == "connection_dropped" else "cannot connect"
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=failure)
 
-    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, ResponseHeaders, bytes]]:
+    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, Headers, bytes]]:
         """The exchange to await. A plain function, so no coroutine layer of its own stays
         suspended for the whole round trip."""
         if self._direct is not None:
             return self._direct.exchange("POST", wire.url, wire.headers, wire.content, total=seconds)
         return self._post_httpx(wire, seconds)
 
-    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, ResponseHeaders, bytes]:
+    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
         """Through httpx's transport seam, straight on the transport: provider calls need none
         of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
         request = httpx.Request(

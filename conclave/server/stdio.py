@@ -124,10 +124,12 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
     # checkpoint per reply cost a scheduling round, and `drain()` already yields to a slow reader.
     lock = anyio.Lock(fast_acquire=True)
 
-    async def send(message: Any) -> None:
-        data = _line(message)
+    async def write_line(data: bytes) -> None:
         async with lock:
             await write(data)
+
+    async def send(message: Any) -> None:
+        await write_line(_line(message))
 
     async def handle(line: bytes) -> None:
         try:
@@ -144,8 +146,7 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
             internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.telemetry)
             data = _line(error_response(_id_of(message), internal))
         if data is not None:
-            async with lock:
-                await write(data)
+            await write_line(data)
 
     async with anyio.create_task_group() as group:
         while True:
