@@ -2,10 +2,12 @@
 
 A cell is one contender at one operating point (or one of the extra measurements). It
 starts the contender, warms it up (every worker runs `warmup` operations: connections
-opened, code paths and caches warm), then times `n` closed-loop workers each running
-`per_worker` operations. The JSON written to RESULT_PATH holds every latency, the wall
-time, the CPU time of the process doing the work, and its peak RSS, so peaks never mix
-across contenders. Nothing is printed on stdout (litellm would be free to print there).
+opened, code paths and caches warm), then runs `n` closed-loop workers, started together,
+each running `1 + per_worker` operations: the first wave is the burst of N operations begun
+at once, the rest the steady state with N in flight (`measure_point`). The JSON written to
+RESULT_PATH holds the latency percentiles of both, the throughput of the steady window, the
+CPU time of the process doing the work, and its peak RSS, so peaks never mix across
+contenders. Nothing is printed on stdout (litellm would be free to print there).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import gc
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +28,80 @@ from bench.common import VERIFY_CHECK, Point, bench_env, percentile
 from bench.contenders import make_contender, own_cpu_seconds, own_peak_rss_bytes
 
 
-async def closed_loop(
-    op: Callable[[], Awaitable[None]], workers: int, per_worker: int
-) -> tuple[list[float], list[str]]:
-    """`workers` tasks each running `per_worker` operations back to back: seconds each, errors."""
-    latencies: list[float] = []
-    errors: list[str] = []
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One operation of a closed-loop worker: which worker, its place in that worker's run,
+    when it started and ended (perf_counter seconds), and the error it raised, if any."""
+
+    worker: int
+    index: int
+    start: float
+    end: float
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+async def closed_loop(op: Callable[[], Awaitable[None]], workers: int, per_worker: int) -> list[Timed]:
+    """`workers` tasks, started together, each running `per_worker` operations back to back."""
+    timed: list[Timed] = []
     clock = time.perf_counter
 
-    async def worker() -> None:
-        for _ in range(per_worker):
+    async def worker(number: int) -> None:
+        for index in range(per_worker):
             start = clock()
+            error = None
             try:
                 await op()
             except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}"[:500])
-            else:
-                latencies.append(clock() - start)
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            timed.append(Timed(number, index, start, clock(), error))
 
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    return latencies, errors
+    await asyncio.gather(*(worker(number) for number in range(workers)))
+    return timed
+
+
+def steady_window(timed: Sequence[Timed]) -> tuple[float, float] | None:
+    """From the moment every worker is past its first operation (the wave begun at once) to
+    the moment the first worker runs out of operations: all N are in flight throughout, and
+    the burst is behind. None when the run is too short for one."""
+    first_ends: dict[int, float] = {}
+    last_ends: dict[int, float] = {}
+    for t in timed:
+        if t.index == 0:
+            first_ends[t.worker] = t.end
+        last_ends[t.worker] = max(last_ends.get(t.worker, t.end), t.end)
+    opens, closes = max(first_ends.values(), default=0.0), min(last_ends.values(), default=0.0)
+    return (opens, closes) if closes > opens else None
+
+
+def overheads_ms(timed: Iterable[Timed], ideal_ms: float) -> dict[str, float | None]:
+    values = [t.seconds * 1000.0 - ideal_ms for t in timed]
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "mean": sum(values) / len(values) if values else None,
+        "max": max(values, default=None),
+    }
 
 
 async def measure_point(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm up (behind a barrier), then run every worker `1 + per_worker` operations without one.
+
+    The measured run's first wave starts all N operations in the same instant: how long that
+    burst takes to clear is reported apart, as `burst_overhead_ms`. The latency percentiles
+    come from the operations begun in the steady window after it (`steady_window`), and the
+    throughput from them by Little's law: N workers, each with one operation in flight and no
+    pause between, complete N / (mean latency) operations per second. (Counting completions
+    inside the window instead is biased by where its edges fall: with a fixed 200 ms provider
+    latency the waves stay in step, and a window of a few periods holds a whole number of
+    them or not.) Before, the figures mixed burst and steady state: with N=100 and five
+    operations per worker, a fifth of the samples were the burst, and p95 and p99 measured
+    how long a thundering herd took to clear, not the latency with N in flight.
+    """
     point = Point.from_dict(spec["point"])
     contender = make_contender(
         spec["contender"], point, spec["urls"], Path(spec["config"]), Path(spec["log"])
@@ -56,43 +110,56 @@ async def measure_point(spec: dict[str, Any]) -> dict[str, Any]:
     await contender.start()
     startup_s = time.perf_counter() - started
     try:
-        _, warm_errors = await closed_loop(contender.op, point.n, point.warmup)
+        warm = await closed_loop(contender.op, point.n, point.warmup)
         gc.collect()
         profiler = _start_profiler(spec.get("profile"))
-        cpu0, client0, t0 = contender.cpu_seconds(), own_cpu_seconds(), time.perf_counter()
-        latencies, errors = await closed_loop(contender.op, point.n, point.per_worker)
-        wall = time.perf_counter() - t0
+        cpu0, client0 = contender.cpu_seconds(), own_cpu_seconds()
+        timed = await closed_loop(contender.op, point.n, 1 + point.per_worker)
         cpu, client_cpu = contender.cpu_seconds() - cpu0, own_cpu_seconds() - client0
         _stop_profiler(profiler, spec.get("profile"))
         peak_rss = contender.peak_rss_bytes()
         server = contender.server_pid() is not None
     finally:
         await contender.close()
-    ok = len(latencies)
-    overhead_ms = [s * 1000.0 - point.ideal_ms for s in latencies]
-    calls = ok * point.calls_per_op
-    return {
-        "contender": spec["contender"],
-        "point": point.id,
-        "ops": ok,
-        "errors": len(errors) + len(warm_errors),
-        "first_error": next(iter([*errors, *warm_errors]), None),
-        "wall_s": wall,
+    return summarize(spec["contender"], point, warm, timed, cpu=cpu, client_cpu=client_cpu, server=server) | {
         "startup_s": startup_s,
-        "throughput": ok / wall if wall > 0 else None,
+        "peak_rss_mb": peak_rss / 2**20,
+        "cpu_measured_in": "server process (psutil)" if server else "this process",
+    }
+
+
+def summarize(
+    contender: str,
+    point: Point,
+    warm: Sequence[Timed],
+    timed: Sequence[Timed],
+    *,
+    cpu: float,
+    client_cpu: float,
+    server: bool,
+) -> dict[str, Any]:
+    errors = [t.error for t in (*timed, *warm) if t.error is not None]
+    done = [t for t in timed if t.error is None]
+    window = steady_window(timed)
+    steady = [] if window is None else [t for t in done if t.index > 0 and window[0] <= t.start < window[1]]
+    if window is None or not steady:
+        raise RuntimeError(f"{point.id}: no operation in a steady window; give each worker more of them")
+    opens, closes = window
+    calls = len(done) * point.calls_per_op  # CPU covers the whole measured run, burst included
+    return {
+        "contender": contender,
+        "point": point.id,
+        "ops": len(steady),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "wall_s": closes - opens,
+        "throughput": point.n * len(steady) / sum(t.seconds for t in steady),
         "ideal_throughput": point.n / (point.ideal_ms / 1000.0),
-        "overhead_ms": {
-            "p50": percentile(overhead_ms, 50),
-            "p95": percentile(overhead_ms, 95),
-            "p99": percentile(overhead_ms, 99),
-            "mean": sum(overhead_ms) / ok if ok else None,
-            "max": max(overhead_ms, default=None),
-        },
+        "overhead_ms": overheads_ms(steady, point.ideal_ms),
+        "burst_overhead_ms": overheads_ms((t for t in done if t.index == 0), point.ideal_ms),
         "cpu_s": cpu,
         "cpu_ms_per_call": cpu * 1000.0 / calls if calls else None,
         "client_cpu_ms_per_call": client_cpu * 1000.0 / calls if server and calls else None,
-        "peak_rss_mb": peak_rss / 2**20,
-        "cpu_measured_in": "server process (psutil)" if server else "this process",
     }
 
 

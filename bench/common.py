@@ -85,13 +85,14 @@ def scenarios() -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One operating point: `n` closed-loop workers, each running `per_worker` operations."""
+    """One operating point: `n` closed-loop workers, started together, each running one
+    operation of the burst (all N begun at once) and then `per_worker` measured ones."""
 
     id: str
     kind: OpKind
     k: int  # provider calls per stage (panel size for confer / verify)
     n: int  # operations in flight at once
-    per_worker: int  # measured operations per worker
+    per_worker: int  # operations per worker after the burst's one
     warmup: int  # unmeasured operations per worker first (connections, code paths)
     ideal_ms: float  # the critical path: what a zero-overhead client would take
 
@@ -103,7 +104,8 @@ class Point:
 
     @property
     def ops(self) -> int:
-        return self.n * self.per_worker
+        """Operations in a measured run, the burst's included."""
+        return self.n * (1 + self.per_worker)
 
     @property
     def label(self) -> str:
@@ -139,7 +141,7 @@ def points(*, quick: bool, seq_ops: int, high_n: int) -> tuple[Point, ...]:
     return (
         Point("k3n1", "confer", 3, 1, seq_ops, 3, one),
         Point("k5n100", "confer", 5, 100, 5, 1, one),
-        Point("k5n500", "confer", 5, high_n, 2, 1, one),
+        Point("k5n500", "confer", 5, high_n, 3, 1, one),  # 3: a steady window after the burst
         Point("coordinate", "coordinate", 1, 1, max(seq_ops // 4, 3), 1, three),
         Point("verify", "verify", 3, 1, max(seq_ops // 2, 3), 1, two),
     )
