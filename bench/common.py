@@ -141,7 +141,7 @@ def points(*, quick: bool, seq_ops: int, high_n: int) -> tuple[Point, ...]:
     return (
         Point("k3n1", "confer", 3, 1, seq_ops, 3, one),
         Point("k5n100", "confer", 5, 100, 5, 1, one),
-        Point("k5n500", "confer", 5, high_n, 3, 1, one),  # 3: a steady window after the burst
+        Point("k5n500", "confer", 5, high_n, 4, 1, one),  # 4: a steady window after the burst
         Point("coordinate", "coordinate", 1, 1, max(seq_ops // 4, 3), 1, three),
         Point("verify", "verify", 3, 1, max(seq_ops // 2, 3), 1, two),
     )

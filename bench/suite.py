@@ -127,6 +127,8 @@ def describe_cell(result: dict[str, Any]) -> str:
         f"CPU {result['cpu_ms_per_call']:.3f} ms/call  RSS {result['peak_rss_mb']:.0f} MB  "
         f"burst max {result['burst_overhead_ms']['max']:.1f} ms"
     )
+    if result.get("steady_window_s", 0.0) is None:
+        text += "  (no steady window: every operation after the burst)"
     if result["errors"]:
         text += f"  ERRORS {result['errors']}: {result['first_error']}"
     return text
@@ -211,6 +213,7 @@ def aggregate(cells: list[dict[str, Any]], pts: Sequence[Point], contenders: Seq
                 (c.get("first_error") or c.get("failed") for c in mine if c.get("errors") or not _ok(c)), None
             )
             row["ops"] = sum(c.get("ops", 0) for c in good)
+            row["without_window"] = sum(1 for c in good if c.get("steady_window_s", 0.0) is None)
             out[point.id][name] = row
     return out
 
@@ -482,6 +485,11 @@ def print_point(point: Point, row: dict[str, Any], rat: dict[str, Any], contende
         print(line)
         if r["first_error"]:
             print(f"{'':<15} first error: {str(r['first_error'])[:300]}")
+        if r["without_window"]:
+            print(
+                f"{'':<15} {r['without_window']} cell(s) too slow for a steady window in this many "
+                "operations: their figures take every operation after the burst"
+            )
     for name, ratio_row in rat.items():
         parts = []
         for key, title, digits in (
