@@ -109,7 +109,12 @@ async def measure_point(spec: dict[str, Any]) -> dict[str, Any]:
     """
     point = Point.from_dict(spec["point"])
     contender = make_contender(
-        spec["contender"], point, spec["urls"], Path(spec["config"]), Path(spec["log"])
+        spec["contender"],
+        point,
+        spec["urls"],
+        Path(spec["config"]),
+        Path(spec["log"]),
+        serving_gc=bool(spec.get("serving_gc")),
     )
     started = time.perf_counter()
     await contender.start()

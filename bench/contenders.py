@@ -68,9 +68,13 @@ class Contender(Protocol):
         """The serving subprocess, when the work happens in one."""
 
 
-def make_contender(name: str, point: Point, urls: Mapping[str, str], config: Path, log: Path) -> Contender:
+def make_contender(
+    name: str, point: Point, urls: Mapping[str, str], config: Path, log: Path, *, serving_gc: bool = False
+) -> Contender:
+    """`serving_gc`: the Python API's host calls `conclave.serving_gc()` once started, as `conclave
+    serve` does for itself; the other contenders' processes keep the default collector."""
     if name == "conclave-api":
-        return ConclaveApi(point, config)
+        return ConclaveApi(point, config, serving_gc=serving_gc)
     if name == "conclave-stdio":
         return ServeStdio(point, config, log)
     if name == "conclave-http":
@@ -133,9 +137,10 @@ def process_cpu_seconds(pid: int) -> float:
 class ConclaveApi:
     name = "conclave-api"
 
-    def __init__(self, point: Point, config: Path) -> None:
+    def __init__(self, point: Point, config: Path, *, serving_gc: bool = False) -> None:
         self.point = point
         self.config_path = config
+        self.serving_gc = serving_gc
         self.args = op_arguments(point)
         self._stack = contextlib.AsyncExitStack()
         self._call: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
@@ -150,6 +155,10 @@ class ConclaveApi:
         config = load_config(str(self.config_path), env=bench_env(), dotenv=None)
         self.runtime = await self._stack.enter_async_context(open_runtime(config))
         self._call = coordinate if self.point.kind == "coordinate" else confer
+        if self.serving_gc:
+            import conclave
+
+            conclave.serving_gc()
 
     async def op(self) -> None:
         assert self._call is not None

@@ -608,6 +608,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-ops", type=int, default=25, help="measured confers per cell at K=3 N=1")
     parser.add_argument("--high-n", type=int, default=500, help="N of the K=5 high-load point")
     parser.add_argument(
+        "--serving-gc",
+        action="store_true",
+        help="the Python-API contender calls conclave.serving_gc() once started (as `conclave serve` "
+        "does); the others keep the default collector",
+    )
+    parser.add_argument(
         "--max-concurrency",
         type=int,
         default=4096,
@@ -658,6 +664,7 @@ def run_matrix(
         for index, point in enumerate(pts):
             for name in rotated(contenders, rep + index):
                 spec = {"kind": "op", "contender": name, "point": point.to_dict(), "variant": None}
+                spec["serving_gc"] = args.serving_gc
                 result = runner.cell({**spec, "config": str(configs["default"])})
                 record(rep, f"{point.label} {name}", result, cells)
         if args.no_extras:
@@ -734,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reps": args.reps,
         "latency_ms": LATENCY_MS,
         "max_concurrency": args.max_concurrency,
+        "serving_gc": args.serving_gc,  # the Python-API contender only
         "cpu_count": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
