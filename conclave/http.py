@@ -162,11 +162,10 @@ class ProviderTransport(httpx.AsyncBaseTransport):
 def _as_bytes(headers: ResponseHeaders) -> list[tuple[bytes, bytes]]:
     """The headers' bytes as received (aiohttp's `surrogateescape` decoding undone): httpx would
     refuse a non-ASCII `str` value."""
-    return [(_undecoded(k), _undecoded(v)) for k, v in headers.items()]
-
-
-def _undecoded(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
+    return [
+        (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+        for k, v in headers.items()
+    ]
 
 
 def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:
