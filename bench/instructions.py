@@ -78,7 +78,7 @@ VIAS = ("api", "server", "panel", "raw")  # panel and raw: real HTTP to the simu
 OVER_HTTP = ("panel", "raw")
 
 
-def _in_memory_transport() -> Any:
+def in_memory_transport() -> Any:
     from conclave.http import ProviderTransport
 
     class InMemory(ProviderTransport):
@@ -89,7 +89,7 @@ def _in_memory_transport() -> Any:
     return InMemory()
 
 
-def _config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -> Any:
+def bench_config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -> Any:
     from conclave.config import load_config
 
     path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
@@ -142,8 +142,8 @@ async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
             ):
                 raise RuntimeError(f"not a complete answer: {reply}")
 
-    config = _config(variant, work)
-    async with open_runtime(config, transport=_in_memory_transport()) as runtime:
+    config = bench_config(variant, work)
+    async with open_runtime(config, transport=in_memory_transport()) as runtime:
         server = Server(runtime)
         async with anyio.create_task_group() as group:
             group.start_soon(serve_lines, server, read_line, replies_in.send)
@@ -231,12 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.via == "server":  # as `conclave serve` runs: anyio.run
             anyio.run(_via_server, args.child, args.confers, args.batch, args.work)
         elif args.via == "panel":  # real HTTP to the panel: the production transport
-            asyncio.run(_confers(_config(args.child, args.work, args.url), None, args.confers, args.batch))
+            config = bench_config(args.child, args.work, args.url)
+            asyncio.run(_confers(config, None, args.confers, args.batch))
         elif args.via == "raw":
             asyncio.run(_via_raw(args.confers, args.batch, args.url))
         else:  # as a host application would: its own asyncio loop
-            config = _config(args.child, args.work)
-            asyncio.run(_confers(config, _in_memory_transport(), args.confers, args.batch))
+            config = bench_config(args.child, args.work)
+            asyncio.run(_confers(config, in_memory_transport(), args.confers, args.batch))
         return 0
     if shutil.which("valgrind") is None:
         print("bench.instructions needs valgrind (apt install valgrind)", file=sys.stderr)
