@@ -5,10 +5,11 @@ Run: .venv/bin/python -m bench.gc_share [--batch 50,500] [--confers 2000] [--var
 `bench.instructions` counts instructions, which the collector adds ~15 % to at 500 confers in
 flight; this prints what the wall clock says of the same in-memory confers (the Python API
 from a host's asyncio loop, the provider transport answering from memory, as its `api` via):
-confers per second, and the time spent in each generation's collections, timed by a
-`gc.callbacks` hook. It runs in this process, so the figures carry this machine's noise:
-compare batches within one run. The collector stays at CPython's defaults, as in a host that
-never called `conclave.serving_gc()`.
+confers per second, the time spent in each generation's collections (timed by a
+`gc.callbacks` hook), and the minor page faults per confer (memory the process touches
+for the first time: kernel work that instruction counts leave out). It runs in this
+process, so the figures carry this machine's noise: compare batches within one run. The
+collector stays at CPython's defaults, as in a host that never called `serving_gc()`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import resource
 import tempfile
 import time
 from collections.abc import Sequence
@@ -58,6 +60,7 @@ async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[st
             await wave()
         times = CollectionTimes()
         gc.callbacks.append(times)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = time.perf_counter()
         try:
             for _ in range(max(1, confers // batch)):
@@ -65,6 +68,7 @@ async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[st
         finally:
             elapsed = time.perf_counter() - started
             gc.callbacks.remove(times)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     done = max(1, confers // batch) * batch
     return {
         "batch": batch,
@@ -72,6 +76,7 @@ async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[st
         "gc_share": sum(times.seconds) / elapsed,
         "collections": times.count,
         "collection_ms": [round(s * 1000.0, 1) for s in times.seconds],
+        "page_faults_per_confer": faults / done,
     }
 
 
@@ -89,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_generation = ", ".join(f"gen{g} {n} x ({ms} ms)" for g, (n, ms) in enumerate(pairs))
         print(
             f"  {batch:5d} in flight: {row['confers_per_s']:7.0f} confers/s; "
-            f"collector {row['gc_share'] * 100:4.1f} % of the time: {per_generation}"
+            f"collector {row['gc_share'] * 100:4.1f} % of the time: {per_generation}; "
+            f"{row['page_faults_per_confer']:.1f} page faults per confer"
         )
     return 0
 
