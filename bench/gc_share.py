@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import VARIANTS
-from bench.instructions import ARGUMENTS, WARM_UP_WAVES, bench_config, in_memory_transport
+from bench.instructions import WARM_UP_WAVES, bench_config, confer_wave, in_memory_transport
 
 
 class CollectionTimes:
@@ -46,30 +46,24 @@ class CollectionTimes:
 
 
 async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[str, Any]:
-    from conclave.deliberation.confer import confer
     from conclave.runtime import open_runtime
 
     async with open_runtime(bench_config(variant, work), transport=in_memory_transport()) as runtime:
-
-        async def wave() -> None:
-            results = await asyncio.gather(*(confer(runtime, dict(ARGUMENTS)) for _ in range(batch)))
-            if any(result["degraded"] for result in results):
-                raise RuntimeError("a confer came back degraded")
-
         for _ in range(WARM_UP_WAVES):
-            await wave()
+            await confer_wave(runtime, batch)
+        waves = max(1, confers // batch)
         times = CollectionTimes()
         gc.callbacks.append(times)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = time.perf_counter()
         try:
-            for _ in range(max(1, confers // batch)):
-                await wave()
+            for _ in range(waves):
+                await confer_wave(runtime, batch)
         finally:
             elapsed = time.perf_counter() - started
             gc.callbacks.remove(times)
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    done = max(1, confers // batch) * batch
+    done = waves * batch
     return {
         "batch": batch,
         "confers_per_s": done / elapsed,

@@ -116,6 +116,11 @@ def _ids(spec: dict[str, Any]) -> dict[str, Any]:
     return {"contender": spec.get("contender"), "point": point.get("id"), "variant": spec.get("variant")}
 
 
+def without_window(result: dict[str, Any]) -> bool:
+    """Whether a cell was too slow for a steady window (`steady_window_s` present and null)."""
+    return "steady_window_s" in result and result["steady_window_s"] is None
+
+
 def describe_cell(result: dict[str, Any]) -> str:
     if "failed" in result:
         return f"FAILED: {result['failed'].splitlines()[0]}"
@@ -127,7 +132,7 @@ def describe_cell(result: dict[str, Any]) -> str:
         f"CPU {result['cpu_ms_per_call']:.3f} ms/call  RSS {result['peak_rss_mb']:.0f} MB  "
         f"burst max {result['burst_overhead_ms']['max']:.1f} ms"
     )
-    if result.get("steady_window_s", 0.0) is None:
+    if without_window(result):
         text += "  (no steady window: every operation after the burst)"
     if result["errors"]:
         text += f"  ERRORS {result['errors']}: {result['first_error']}"
@@ -213,7 +218,7 @@ def aggregate(cells: list[dict[str, Any]], pts: Sequence[Point], contenders: Seq
                 (c.get("first_error") or c.get("failed") for c in mine if c.get("errors") or not _ok(c)), None
             )
             row["ops"] = sum(c.get("ops", 0) for c in good)
-            row["without_window"] = sum(1 for c in good if c.get("steady_window_s", 0.0) is None)
+            row["without_window"] = sum(1 for c in good if without_window(c))
             out[point.id][name] = row
     return out
 
@@ -663,8 +668,13 @@ def run_matrix(
     for rep in range(args.reps):
         for index, point in enumerate(pts):
             for name in rotated(contenders, rep + index):
-                spec = {"kind": "op", "contender": name, "point": point.to_dict(), "variant": None}
-                spec["serving_gc"] = args.serving_gc
+                spec = {
+                    "kind": "op",
+                    "contender": name,
+                    "point": point.to_dict(),
+                    "variant": None,
+                    "serving_gc": args.serving_gc,
+                }
                 result = runner.cell({**spec, "config": str(configs["default"])})
                 record(rep, f"{point.label} {name}", result, cells)
         if args.no_extras:

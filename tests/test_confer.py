@@ -305,6 +305,13 @@ async def test_a_bug_in_one_providers_turn_costs_that_answer_only(
     assert result["degraded"] is True
 
 
+_ANSWER_OK = {  # an OpenAI-shaped 200 body, for the local provider servers below
+    "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    "model": "m",
+}
+
+
 class _CountingProvider:
     """A local OpenAI-shaped server that holds each request a moment and records how many it
     was holding at once."""
@@ -323,13 +330,7 @@ class _CountingProvider:
         finally:
             self.in_flight -= 1
         self.served += 1
-        return web.json_response(
-            {
-                "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-                "model": "m",
-            }
-        )
+        return web.json_response(_ANSWER_OK)
 
 
 @pytest.mark.parametrize("max_concurrency", [1, 2])
@@ -364,13 +365,7 @@ async def test_a_request_id_in_any_case_and_any_bytes_reaches_the_event_log(
 ) -> None:
     """aiohttp hands header bytes that are not UTF-8 over as lone surrogates, which no JSON
     encoder takes; the id must still be found (whatever the name's case) and be written."""
-    body = json.dumps(
-        {
-            "choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            "model": "m",
-        }
-    ).encode()
+    body = json.dumps(_ANSWER_OK).encode()
     ids = {b"utf8": "req-é".encode(), b"latin1": b"req-\xe9\xff"}
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
