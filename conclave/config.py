@@ -24,7 +24,7 @@ CostCapMode = Literal["warn", "enforce", "off"]
 
 
 @dataclass(frozen=True, slots=True)
-class Price:
+class PriceConfig:
     """USD per 1M tokens. Cache prices default to the input price when unknown."""
 
     input_per_mtok: float
@@ -41,13 +41,13 @@ class ProviderConfig:
     base_url: str
     api_key_env: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
-    price: Price | None = None
+    price: PriceConfig | None = None
     reasoning: bool | None = None  # None: decided from the model name
     max_tokens_field: str | None = None  # openai kind only; None: decided from model and host
 
 
 @dataclass(frozen=True, slots=True)
-class Roles:
+class RolesConfig:
     proposer: str
     critics: tuple[str, ...]
     synthesizer: str
@@ -55,7 +55,7 @@ class Roles:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetryConfig:
     max_attempts: int = 3
     initial_delay_seconds: float = 0.5
     max_delay_seconds: float = 8.0
@@ -64,16 +64,16 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class LimitsConfig:
     timeout_seconds: float = 120.0
     max_tokens: int = 1024
     temperature: float | None = None
     max_concurrency: int = 64
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryConfig = field(default_factory=RetryConfig)
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerTools:
+class WorkerToolsConfig:
     hop_budget: int = 2
     result_max_bytes: int = 65536
     cost_cap_usd: float = 0.0
@@ -81,7 +81,7 @@ class WorkerTools:
 
 
 @dataclass(frozen=True, slots=True)
-class FetchPolicy:
+class FetchConfig:
     allow_hosts: tuple[str, ...] = ("*",)
     allow_private: tuple[str, ...] = ()
     allow_ports: tuple[int, ...] = (80, 443)
@@ -95,20 +95,20 @@ class FetchPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class Breakers:
+class BreakersConfig:
     failure_threshold: int = 5
     cooldown_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
-class Telemetry:
+class TelemetryConfig:
     enabled: bool = True
     path: str = ".conclave/events.ndjson"
     include_content: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Transcripts:
+class TranscriptsConfig:
     enabled: bool = True
     dir: str = ".conclave/transcripts"
     fsync: bool = False  # rename alone is atomic against crashes; fsync adds power-loss durability
@@ -136,13 +136,13 @@ class Secrets:
 class Config:
     providers: Mapping[str, ProviderConfig]
     panel: tuple[str, ...]
-    roles: Roles
-    limits: Limits
-    worker_tools: WorkerTools
-    fetch: FetchPolicy
-    breakers: Breakers
-    telemetry: Telemetry
-    transcripts: Transcripts
+    roles: RolesConfig
+    limits: LimitsConfig
+    worker_tools: WorkerToolsConfig
+    fetch: FetchConfig
+    breakers: BreakersConfig
+    telemetry: TelemetryConfig
+    transcripts: TranscriptsConfig
     source: str
     secrets: Secrets = field(repr=False, compare=False)
 
@@ -314,13 +314,13 @@ def _check_paths(raw: dict[str, Any], path: Path) -> None:
     """The event log must be a file and the transcripts folder a folder: caught here as one line,
     not later as a traceback from the first write."""
     telemetry, transcripts = raw.get("telemetry", {}), raw.get("transcripts", {})
-    log = Path(telemetry.get("path", Telemetry().path)).expanduser()
+    log = Path(telemetry.get("path", TelemetryConfig().path)).expanduser()
     if telemetry.get("enabled", True) and log.is_dir():
         raise ConfigError(
             f"config: telemetry.path: {str(log)!r} is a directory; name the event log file, "
             f"e.g. {str(log / 'events.ndjson')!r} (in {path})"
         )
-    folder = Path(transcripts.get("dir", Transcripts().dir)).expanduser()
+    folder = Path(transcripts.get("dir", TranscriptsConfig().dir)).expanduser()
     if transcripts.get("enabled", True) and folder.exists() and not folder.is_dir():
         raise ConfigError(
             f"config: transcripts.dir: {str(folder)!r} is a file, not a folder; name a folder (in {path})"
@@ -376,11 +376,11 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         panel=panel,
         roles=_roles(raw.get("roles", {}), panel),
         limits=_limits(raw.get("limits", {})),
-        worker_tools=WorkerTools(**raw.get("worker_tools", {})),
+        worker_tools=WorkerToolsConfig(**raw.get("worker_tools", {})),
         fetch=_fetch(raw.get("fetch", {})),
-        breakers=Breakers(**raw.get("breakers", {})),
-        telemetry=Telemetry(**raw.get("telemetry", {})),
-        transcripts=Transcripts(**raw.get("transcripts", {})),
+        breakers=BreakersConfig(**raw.get("breakers", {})),
+        telemetry=TelemetryConfig(**raw.get("telemetry", {})),
+        transcripts=TranscriptsConfig(**raw.get("transcripts", {})),
         source=source,
         secrets=Secrets({name: keys[name] for name in wanted if name in keys}),
     )
@@ -395,31 +395,31 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         base_url=entry["base_url"].rstrip("/"),
         api_key_env=entry.get("api_key_env"),
         headers=dict(entry.get("headers") or {}),
-        price=Price(**price) if price else None,
+        price=PriceConfig(**price) if price else None,
         reasoning=entry.get("reasoning"),
         max_tokens_field=entry.get("max_tokens_field"),
     )
 
 
-def _roles(raw: Mapping[str, Any], panel: tuple[str, ...]) -> Roles:
+def _roles(raw: Mapping[str, Any], panel: tuple[str, ...]) -> RolesConfig:
     proposer = raw.get("proposer", panel[0] if panel else "")
     critics = tuple(raw.get("critics", [p for p in panel if p != proposer]))
     synthesizer = raw.get("synthesizer", proposer)
     fallbacks = raw.get("synthesizer_fallbacks")
     if fallbacks is None:
         fallbacks = [p for p in panel if p != synthesizer]
-    return Roles(proposer, critics, synthesizer, tuple(fallbacks))
+    return RolesConfig(proposer, critics, synthesizer, tuple(fallbacks))
 
 
-def _limits(raw: Mapping[str, Any]) -> Limits:
+def _limits(raw: Mapping[str, Any]) -> LimitsConfig:
     fields = dict(raw)
-    retry = RetryPolicy(**fields.pop("retry", {}))
-    return Limits(retry=retry, **fields)
+    retry = RetryConfig(**fields.pop("retry", {}))
+    return LimitsConfig(retry=retry, **fields)
 
 
-def _fetch(raw: Mapping[str, Any]) -> FetchPolicy:
+def _fetch(raw: Mapping[str, Any]) -> FetchConfig:
     fields = dict(raw)
     for key in ("allow_hosts", "allow_private", "allow_ports"):
         if key in fields:
             fields[key] = tuple(fields[key])
-    return FetchPolicy(**fields)
+    return FetchConfig(**fields)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conclave.config import Config, Price, ProviderConfig, ProviderKind, Roles
+from conclave.config import Config, PriceConfig, ProviderConfig, ProviderKind, RolesConfig
 
 # name -> (kind, model, rate card borrowed from a real model so costs look realistic)
-SIMULATED_MEMBERS: dict[str, tuple[ProviderKind, str, Price]] = {
-    "sim-openai": ("openai", "sim-gpt", Price(0.4, 1.6, cached_input_per_mtok=0.1)),
-    "sim-anthropic": ("anthropic", "sim-claude", Price(3.0, 15.0, 0.3, 3.75)),
-    "sim-gemini": ("gemini", "sim-gemini", Price(0.3, 2.5, cached_input_per_mtok=0.03)),
+SIMULATED_MEMBERS: dict[str, tuple[ProviderKind, str, PriceConfig]] = {
+    "sim-openai": ("openai", "sim-gpt", PriceConfig(0.4, 1.6, cached_input_per_mtok=0.1)),
+    "sim-anthropic": ("anthropic", "sim-claude", PriceConfig(3.0, 15.0, 0.3, 3.75)),
+    "sim-gemini": ("gemini", "sim-gemini", PriceConfig(0.3, 2.5, cached_input_per_mtok=0.03)),
 }
 
 
@@ -27,7 +27,7 @@ def simulated_config(base: Config, base_urls: dict[str, str]) -> Config:
         for name, (kind, model, price) in SIMULATED_MEMBERS.items()
     }
     names = tuple(providers)
-    roles = Roles(
+    roles = RolesConfig(
         proposer=names[0], critics=names[1:], synthesizer=names[1], synthesizer_fallbacks=(names[0], names[2])
     )
     return replace(

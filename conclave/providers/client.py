@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from conclave.breaker import CircuitBreaker
-from conclave.config import ProviderConfig, RetryPolicy
+from conclave.config import ProviderConfig, RetryConfig
 from conclave.errors import (
     DeadlineExceeded,
     MalformedResponse,
@@ -58,7 +58,7 @@ class ProviderClient:
         transport: httpx.AsyncBaseTransport,
         api_key: str | None,
         breaker: CircuitBreaker,
-        retry: RetryPolicy,
+        retry: RetryConfig,
         telemetry: Telemetry,
         limiter: anyio.Semaphore,
         clock: Clock = time.monotonic,

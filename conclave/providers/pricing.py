@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from conclave.config import Price
+from conclave.config import PriceConfig
 from conclave.messages import Usage
 
 _PER_MTOK = 1_000_000.0
 
 
-def cost_usd(usage: Usage, price: Price | None) -> float | None:
+def cost_usd(usage: Usage, price: PriceConfig | None) -> float | None:
     """Cached reads and cache writes are priced apart when the card has those prices."""
     if price is None:
         return None

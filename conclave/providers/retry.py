@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from conclave.config import RetryPolicy
+from conclave.config import RetryConfig
 from conclave.errors import ProviderError, TransientProviderError
 from conclave.records import record
 
@@ -22,7 +22,7 @@ def decide(
     exc: BaseException,
     *,
     attempt: int,
-    policy: RetryPolicy,
+    policy: RetryConfig,
     remaining: float,
     jitter: Callable[[], float] = random.random,
 ) -> RetryDecision:
@@ -40,7 +40,7 @@ def decide(
     return RetryDecision(True, delay, "")
 
 
-def backoff(attempt: int, policy: RetryPolicy, jitter: Callable[[], float]) -> float:
+def backoff(attempt: int, policy: RetryConfig, jitter: Callable[[], float]) -> float:
     """min(initial * 2**(n-1), max), shaved by up to 25% so clients don't retry in step."""
     base = min(policy.initial_delay_seconds * 2.0 ** (attempt - 1), policy.max_delay_seconds)
     return base * (1.0 - 0.25 * jitter())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conclave.budgets import CostCap, CostMeter, HopBudget
-from conclave.config import WorkerTools
+from conclave.config import WorkerToolsConfig
 from conclave.errors import InvalidArguments, ProviderError, ToolError, ToolRefused
 from conclave.messages import Completer, Completion, CompletionRequest, Message, Usage
 from conclave.records import record
@@ -101,7 +101,7 @@ class WorkerLoop:
         registry: ToolRegistry,
         tool_context: ToolContext,
         telemetry: Telemetry,
-        settings: WorkerTools,
+        settings: WorkerToolsConfig,
     ) -> None:
         self._registry = registry
         self._tool_context = tool_context
