@@ -112,7 +112,7 @@ async def confer_wave(runtime: Any, batch: int) -> None:
 
     async def one() -> None:
         result = await confer(runtime, dict(ARGUMENTS))
-        if result["degraded"]:
+        if result.degraded:
             raise RuntimeError(f"degraded: {result['degraded_reasons']}")
 
     await asyncio.gather(*(one() for _ in range(batch)))

@@ -1,19 +1,31 @@
 """Conclave: ask a panel of LLMs at once, or run a proposer -> critics -> synthesizer debate.
 
 import conclave
-result = await conclave.confer("Which option?")      # or conclave.confer_sync(...)
-debate = await conclave.coordinate("Design the cache.")
+
+async with conclave.Conclave() as c:                  # one runtime for many calls
+    result = await c.confer("Which option?")         # a ConferResult; .to_dict() is the JSON
+    debate = await c.coordinate("Design the cache.")  # a CoordinateResult
+result = await conclave.confer("Which option?")      # one-shot; or conclave.confer_sync(...)
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "confer", "confer_sync", "coordinate", "coordinate_sync", "serving_gc"]
+_API = (
+    "Conclave",
+    "ConferResult",
+    "CoordinateResult",
+    "confer",
+    "confer_sync",
+    "coordinate",
+    "coordinate_sync",
+)
+__all__ = ["__version__", *_API, "serving_gc"]
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use so `import conclave` (and the CLI's start-up) stays light.
-    if name in ("confer", "confer_sync", "coordinate", "coordinate_sync"):
+    if name in _API:
         from conclave import api
 
         return getattr(api, name)

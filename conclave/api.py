@@ -1,59 +1,197 @@
-"""The Python API: `conclave.confer(...)` and `conclave.coordinate(...)`, the same structured
-results the JSON-RPC surface returns. One implementation, two doors.
+"""The Python API: the same tools the server offers, as typed calls.
 
-    result = await conclave.confer("Which option?", providers=["openai", "anthropic"])
-    result = conclave.confer_sync("Which option?")          # from non-async code
+    async with conclave.Conclave(config="config.yaml") as c:   # the runtime opens once
+        result = await c.confer("Which option?", providers=["openai", "anthropic"])
+        debate = await c.coordinate("Design a rate limiter", rounds=2)
+    result.to_dict()                                          # the tool's JSON result
+
+        page = await c.fetch("https://example.com/")            # the fetch and verify tools too
+    result = await conclave.confer("Which option?")          # one call, one runtime
+    result = conclave.confer_sync("Which option?")           # from non-async code
+
+Keyword arguments are the tools' arguments (`schemas/<tool>.input.json`); they are validated
+here, at this door, as the server validates its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 import anyio
 
 from conclave.config import Config, load_config
-from conclave.deliberation.common import ProgressSink
 from conclave.deliberation.confer import confer as _confer
 from conclave.deliberation.coordinate import coordinate as _coordinate
-from conclave.runtime import open_runtime
+from conclave.deliberation.results import ConferResult, CoordinateResult
+from conclave.deliberation.session import ProgressSink
+from conclave.errors import ConclaveError
+from conclave.runtime import Runtime, open_runtime
+from conclave.schemas import check_arguments
+
+CapMode = str  # "warn" | "enforce" | "off"
 
 
-async def confer(
-    question: str,
-    *,
-    config: Config | str | None = None,
-    progress: ProgressSink | None = None,
-    **arguments: Any,
-) -> dict[str, Any]:
-    """Ask every panel member `question` at once; `arguments` are confer's other arguments."""
-    async with open_runtime(_resolve(config)) as runtime:
-        return await _confer(runtime, {"question": question, **arguments}, progress=progress)
+class Conclave:
+    """A reusable client: the HTTP pool, event log and providers open once, for every call."""
+
+    def __init__(self, config: Config | str | None = None) -> None:
+        self._config = config if isinstance(config, Config) else load_config(config)
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._runtime: Runtime | None = None
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    async def __aenter__(self) -> Conclave:
+        stack = contextlib.AsyncExitStack()
+        self._runtime = await stack.enter_async_context(open_runtime(self._config))
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack, self._runtime = self._stack, None, None
+        if stack is not None:
+            await stack.__aexit__(kind, exc, tb)
+
+    async def confer(
+        self,
+        question: str,
+        *,
+        context: str | None = None,
+        system: str | None = None,
+        providers: Sequence[str] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout_seconds: float | None = None,
+        session_id: str | None = None,
+        dry_run: bool | None = None,
+        worker_tools: Sequence[str] | None = None,
+        worker_tool_cost_cap_usd: float | None = None,
+        worker_tool_cost_cap_mode: CapMode | None = None,
+        progress: ProgressSink | None = None,
+    ) -> ConferResult:
+        """Ask every panel member (or `providers`) `question` at once."""
+        args = _arguments(
+            "confer",
+            question=question,
+            context=context,
+            system=system,
+            providers=providers,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            timeout_seconds=timeout_seconds,
+            session_id=session_id,
+            dry_run=dry_run,
+            worker_tools=worker_tools,
+            worker_tool_cost_cap_usd=worker_tool_cost_cap_usd,
+            worker_tool_cost_cap_mode=worker_tool_cost_cap_mode,
+        )
+        return await _confer(self._open(), args, progress=progress)
+
+    async def coordinate(
+        self,
+        task: str,
+        *,
+        context: str | None = None,
+        proposer: str | None = None,
+        critics: Sequence[str] | None = None,
+        synthesizer: str | None = None,
+        rounds: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout_seconds: float | None = None,
+        session_id: str | None = None,
+        dry_run: bool | None = None,
+        worker_tools: Sequence[str] | None = None,
+        worker_tool_cost_cap_usd: float | None = None,
+        worker_tool_cost_cap_mode: CapMode | None = None,
+        progress: ProgressSink | None = None,
+    ) -> CoordinateResult:
+        """Run a proposer -> critics -> synthesizer debate on `task`."""
+        args = _arguments(
+            "coordinate",
+            task=task,
+            context=context,
+            proposer=proposer,
+            critics=critics,
+            synthesizer=synthesizer,
+            rounds=rounds,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            timeout_seconds=timeout_seconds,
+            session_id=session_id,
+            dry_run=dry_run,
+            worker_tools=worker_tools,
+            worker_tool_cost_cap_usd=worker_tool_cost_cap_usd,
+            worker_tool_cost_cap_mode=worker_tool_cost_cap_mode,
+        )
+        return await _coordinate(self._open(), args, progress=progress)
+
+    async def fetch(
+        self, url: str, *, max_bytes: int | None = None, session_id: str | None = None
+    ) -> dict[str, Any]:
+        """Fetch one http(s) URL under the configured policies; the `fetch` tool's result."""
+        args = _arguments("fetch", url=url, max_bytes=max_bytes, session_id=session_id)
+        return await self._open().call_tool("fetch", args)
+
+    async def verify(
+        self, checks: Sequence[Mapping[str, Any]], *, session_id: str | None = None
+    ) -> dict[str, Any]:
+        """Run deterministic checks; the `verify` tool's result."""
+        args = _arguments("verify", checks=[dict(check) for check in checks], session_id=session_id)
+        return await self._open().call_tool("verify", args)
+
+    def _open(self) -> Runtime:
+        if self._runtime is None:
+            raise ConclaveError("the client is not open: use `async with conclave.Conclave(...) as c:`")
+        return self._runtime
 
 
-async def coordinate(
-    task: str, *, config: Config | str | None = None, progress: ProgressSink | None = None, **arguments: Any
-) -> dict[str, Any]:
-    """Run a proposer -> critics -> synthesizer debate on `task`."""
-    async with open_runtime(_resolve(config)) as runtime:
-        return await _coordinate(runtime, {"task": task, **arguments}, progress=progress)
+async def confer(question: str, *, config: Config | str | None = None, **arguments: Any) -> ConferResult:
+    """One confer with a runtime of its own; the arguments are `Conclave.confer`'s."""
+    async with Conclave(config) as client:
+        return await client.confer(question, **arguments)
 
 
-def confer_sync(question: str, **kwargs: Any) -> dict[str, Any]:
-    return anyio.run(_call, confer, question, kwargs)
+async def coordinate(task: str, *, config: Config | str | None = None, **arguments: Any) -> CoordinateResult:
+    """One debate with a runtime of its own; the arguments are `Conclave.coordinate`'s."""
+    async with Conclave(config) as client:
+        return await client.coordinate(task, **arguments)
 
 
-def coordinate_sync(task: str, **kwargs: Any) -> dict[str, Any]:
-    return anyio.run(_call, coordinate, task, kwargs)
-
-
-async def _call(function: Any, first: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = await function(first, **kwargs)
+def confer_sync(question: str, **arguments: Any) -> ConferResult:
+    """`confer` from code that is not async."""
+    result: ConferResult = anyio.run(lambda: confer(question, **arguments))
     return result
 
 
-def _resolve(config: Config | str | None) -> Config:
-    return config if isinstance(config, Config) else load_config(config)
+def coordinate_sync(task: str, **arguments: Any) -> CoordinateResult:
+    """`coordinate` from code that is not async."""
+    result: CoordinateResult = anyio.run(lambda: coordinate(task, **arguments))
+    return result
 
 
-__all__: Sequence[str] = ["confer", "confer_sync", "coordinate", "coordinate_sync"]
+def _arguments(tool: str, **given: Any) -> dict[str, Any]:
+    """The tool's arguments as the server would receive them: the ones given, as JSON values,
+    valid against the tool's input schema (else InvalidArguments naming the failing path)."""
+    args = {name: list(value) if isinstance(value, tuple) else value for name, value in given.items()}
+    args = {name: value for name, value in args.items() if value is not None}
+    check_arguments(f"{tool}.input.json", args, tool=tool)
+    return args
+
+
+__all__: Sequence[str] = [
+    "Conclave",
+    "ConferResult",
+    "CoordinateResult",
+    "confer",
+    "confer_sync",
+    "coordinate",
+    "coordinate_sync",
+]

@@ -7,6 +7,7 @@ the worker loop's hop and cost budgets join it here (F3).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -157,22 +158,56 @@ class CostMeter:
                 f"${self.cap.cap_usd:.6f} for this turn; answer now with what you have"
             )
 
+    def report(self) -> CostCapReport | None:
+        """The turn's `cost_cap` block (SPEC §4), or None when there is no active cap."""
+        if self.cap.cap_usd is None or self.cap.mode == "off":
+            return None
+        return CostCapReport(
+            cap_usd=self.cap.cap_usd,
+            mode=self.cap.mode,
+            observed_usd=round(self.observed_usd, 10) if self.unpriced_calls == 0 else None,
+            exceeded=self.exceeded,
+            blocked=self.blocked,
+        )
+
+
+@record
+class CostCapReport:
+    """What a cap saw: `observed_usd` is None when some call's price is unknown (never 0), and
+    then the cap cannot be enforced on those calls."""
+
+    cap_usd: float
+    mode: str
+    observed_usd: float | None
+    exceeded: bool
+    blocked: bool
+
     @property
     def enforceable(self) -> bool:
-        return self.unpriced_calls == 0
+        return self.observed_usd is not None
 
-    def block(self) -> dict[str, object] | None:
-        """The `cost_cap` block of SPEC §4, or None when there is no active cap."""
-        if not self.cap.active:
-            return None
+    def to_dict(self) -> dict[str, object]:
         block: dict[str, object] = {
-            "cap_usd": self.cap.cap_usd,
-            "mode": self.cap.mode,
-            "observed_usd": round(self.observed_usd, 10),
+            "cap_usd": self.cap_usd,
+            "mode": self.mode,
+            "observed_usd": self.observed_usd,
             "exceeded": self.exceeded,
             "blocked": self.blocked,
             "enforceable": self.enforceable,
         }
         if not self.enforceable:
-            block["note"] = "price unknown for this provider: the cap cannot be enforced on its calls"
+            block["note"] = "a price is unknown for some calls: the cap cannot be enforced on them"
         return block
+
+
+def combined(cap: CostCap, reports: Sequence[CostCapReport]) -> CostCapReport:
+    """Several turns' reports under one cap as one: costs summed (unknown if any is unknown)."""
+    observed = [r.observed_usd for r in reports]
+    known = [cost for cost in observed if cost is not None]
+    return CostCapReport(
+        cap_usd=cap.cap_usd or 0.0,
+        mode=cap.mode,
+        observed_usd=round(sum(known), 10) if len(known) == len(observed) else None,
+        exceeded=any(r.exceeded for r in reports),
+        blocked=any(r.blocked for r in reports),
+    )

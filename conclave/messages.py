@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import field
+from collections.abc import Iterable
+from dataclasses import field, replace
 from typing import Any, Literal, Protocol
 
 from conclave.records import record
 
-Role = Literal["user", "assistant"]
+Speaker = Literal["user", "assistant"]
 
 
 @record
 class Message:
-    role: Role
+    role: Speaker
     content: str
 
 
@@ -50,15 +51,24 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def with_cost(self, cost_usd: float | None) -> Usage:
-        # Spelled out: `dataclasses.replace` inspects the fields on every call (once per provider call).
+        return replace(self, cost_usd=cost_usd)
+
+    def __add__(self, other: Usage) -> Usage:
+        """Both usages together; a cost unknown on either side makes the sum unknown (never a guess)."""
+        unknown = self.cost_usd is None or other.cost_usd is None
         return Usage(
-            self.input_tokens,
-            self.output_tokens,
-            self.cached_input_tokens,
-            self.cache_write_tokens,
-            self.reasoning_tokens,
-            cost_usd,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=_plus(self.cached_input_tokens, other.cached_input_tokens),
+            cache_write_tokens=_plus(self.cache_write_tokens, other.cache_write_tokens),
+            reasoning_tokens=_plus(self.reasoning_tokens, other.reasoning_tokens),
+            cost_usd=None if unknown else (self.cost_usd or 0.0) + (other.cost_usd or 0.0),
         )
+
+    @staticmethod
+    def total(usages: Iterable[Usage]) -> Usage:
+        """The sum of `usages`; the sum of none is nothing spent, at a known cost of 0."""
+        return sum(usages, NOTHING_SPENT)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +80,14 @@ class Usage:
             "total_tokens": self.total_tokens,
             "cost_usd": self.cost_usd,
         }
+
+
+NOTHING_SPENT = Usage(cost_usd=0.0)
+
+
+def _plus(a: int | None, b: int | None) -> int | None:
+    """A count reported by neither side stays unreported."""
+    return None if a is None and b is None else (a or 0) + (b or 0)
 
 
 @record

@@ -503,6 +503,6 @@ async def deliberate(
     """Run confer or coordinate through the Python door, showing `progress` while it runs."""
     function = confer if tool == "confer" else coordinate
     if progress is None:
-        return await function(runtime, args)
+        return (await function(runtime, args)).to_dict()
     async with progress.shown():
-        return await function(runtime, args, progress=progress.sink)
+        return (await function(runtime, args, progress=progress.sink)).to_dict()

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from aiohttp import web
 
+import conclave
 from conclave.config import Config
 from conclave.deliberation.confer import confer
 from conclave.errors import InvalidArguments
@@ -67,7 +68,7 @@ def open_rt(make_config: Callable[..., Config], panel: SimPanel, tmp_path: Path)
 
 
 async def run_confer(rt: Runtime, **args: Any) -> dict[str, Any]:
-    result = await confer(rt, {"question": "Which option should we pick?", **args})
+    result = (await confer(rt, {"question": "Which option should we pick?", **args})).to_dict()
     error = first_error("confer.output.json", result)
     assert error is None, f"{error.message} at {list(error.absolute_path)}" if error else ""
     return result
@@ -224,6 +225,24 @@ async def test_a_tripped_warn_cap_is_aggregated_per_provider_with_an_operator_pr
     assert all(a["cost_cap"]["exceeded"] for a in result["answers"])
 
 
+async def test_an_unpriced_providers_cost_cap_reports_its_cost_as_unknown_never_zero(
+    open_rt: Callable[..., Any], panel: SimPanel
+) -> None:
+    unpriced = {"free": {"kind": "openai", "model": "m-free", "base_url": panel.base_url("openai")}}
+    async with open_rt(extra=unpriced) as rt:
+        result = await run_confer(
+            rt, providers=["alpha", "free"], worker_tools=["verify"], worker_tool_cost_cap_usd=1.0
+        )
+    cap = result["worker_tools"]["cost_cap"]
+    free, priced = cap["per_provider"]["free"], cap["per_provider"]["alpha"]
+    assert (free["observed_usd"], free["enforceable"]) == (None, False)
+    assert priced["observed_usd"] > 0 and priced["enforceable"] is True
+    assert (cap["observed_usd"], cap["enforceable"]) == (None, False)
+    assert "cannot be enforced" in cap["note"]
+    assert result["answers"][1]["cost_cap"]["observed_usd"] is None
+    assert "price_unknown" in result["warnings"]
+
+
 async def test_worker_tools_run_inside_confer(open_rt: Callable[..., Any], panel: SimPanel) -> None:
     tag = '<tool_call>{"name": "verify", "args": {"checks": [{"type": "contains", "text": "abc", "substring": "b"}]}}</tool_call>'
     panel.set_scenario(
@@ -263,9 +282,9 @@ async def test_dry_run_says_when_a_price_is_unknown(open_rt: Callable[..., Any],
 
 
 async def test_invalid_arguments_name_the_failing_path(open_rt: Callable[..., Any]) -> None:
-    async with open_rt() as rt:
+    async with open_rt() as rt, conclave.Conclave(rt.config) as client:
         with pytest.raises(InvalidArguments) as info:
-            await confer(rt, {"question": "q", "providers": "alpha"})
+            await client.confer("q", providers="alpha")  # type: ignore[arg-type]
     assert info.value.path == "$.providers"
 
 
@@ -352,7 +371,7 @@ async def test_max_concurrency_bounds_the_provider_calls_in_flight(
         }
         config = make_config(members, limits={"max_concurrency": max_concurrency})
         async with open_runtime(config) as runtime:
-            result = await confer(runtime, {"question": "Which?", "providers": list(members)})
+            result = (await confer(runtime, {"question": "Which?", "providers": list(members)})).to_dict()
     finally:
         await runner.cleanup()
     assert [a["status"] for a in result["answers"]] == ["ok"] * 5
@@ -391,7 +410,7 @@ async def test_a_request_id_in_any_case_and_any_bytes_reaches_the_event_log(
         config = make_config({"a": member})
         async with open_runtime(config) as runtime:
             for question in ("utf8", "latin1"):
-                result = await confer(runtime, {"question": question, "providers": ["a"]})
+                result = (await confer(runtime, {"question": question, "providers": ["a"]})).to_dict()
                 assert result["answers"][0]["status"] == "ok"
     finally:
         server.close()

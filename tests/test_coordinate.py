@@ -65,7 +65,7 @@ async def panel() -> AsyncIterator[SimPanel]:
 
 @pytest.fixture
 def open_rt(make_config: Callable[..., Config], panel: SimPanel, tmp_path: Path) -> Callable[..., Any]:
-    def open_for() -> Any:
+    def open_for(**sections: Any) -> Any:
         def entry(kind: str, model: str) -> dict[str, Any]:
             return {"kind": kind, "model": model, "base_url": panel.base_url(kind), "price": PRICE}
 
@@ -86,6 +86,7 @@ def open_rt(make_config: Callable[..., Config], panel: SimPanel, tmp_path: Path)
                 "synthesizer_fallbacks": ["synth2"],
             },
             transcripts={"dir": str(tmp_path / "transcripts")},
+            **sections,
         )
         return open_runtime(config)
 
@@ -93,7 +94,7 @@ def open_rt(make_config: Callable[..., Config], panel: SimPanel, tmp_path: Path)
 
 
 async def run(rt: Runtime, **args: Any) -> dict[str, Any]:
-    result = await coordinate(rt, {"task": "Pick a database for the ledger.", **args})
+    result = (await coordinate(rt, {"task": "Pick a database for the ledger.", **args})).to_dict()
     error = first_error("coordinate.output.json", result)
     assert error is None, f"{error.message} at {list(error.absolute_path)}" if error else ""
     return result
@@ -156,6 +157,22 @@ async def test_an_envelope_invalid_once_is_re_prompted_with_the_validators_messa
         ("beta", "critic", 1, False)
     ]
     assert result["degraded"] is False
+
+
+@pytest.mark.parametrize("include_content", [True, False])
+async def test_an_invalid_envelope_event_carries_the_reply_only_when_content_is_included(
+    open_rt: Callable[..., Any], panel: SimPanel, events_path: Path, include_content: bool
+) -> None:
+    bad = {"verdict": "maybe-NOT-A-VERDICT", "issues": []}
+    panel.set_scenario("m-beta", Scenario(replies=(reply(bad), reply(CRITIQUE_BETA))))
+    telemetry = {"path": str(events_path), "include_content": include_content}
+    async with open_rt(telemetry=telemetry) as rt:
+        await run(rt)
+    (invalid,) = [e for e in read_events(events_path) if e["event"] == "role_envelope_invalid"]
+    if include_content:
+        assert "maybe-NOT-A-VERDICT" in invalid["text"]
+    else:
+        assert "text" not in invalid
 
 
 async def test_an_envelope_invalid_twice_is_kept_raw_and_the_debate_goes_on(

@@ -1,29 +1,89 @@
-"""`conclave.confer` / `conclave.coordinate`: the Python door returns the same results."""
+"""The Python API: `conclave.Conclave` and the one-shot `conclave.confer` / `conclave.coordinate`
+return typed results whose `to_dict()` is exactly what the server's tools return."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import conclave
 from conclave.config import Config
-from conclave.schemas import first_error
+from conclave.deliberation.results import Answer, RoleAnswer
+from conclave.errors import ConclaveError, InvalidArguments
+from conclave.schemas import first_error, load_schema
 from conclave.sim import SimPanel
+from tests.support import read_events
 
 
 @pytest.mark.anyio
-async def test_confer_from_python_returns_the_structured_result(make_config: Callable[..., Config]) -> None:
+async def test_confer_from_python_returns_a_typed_result_whose_dict_is_the_wire_result(
+    make_config: Callable[..., Config],
+) -> None:
     async with SimPanel() as panel:
         config = make_config({"a": {"kind": "openai", "model": "m", "base_url": panel.base_url("openai")}})
-        result: dict[str, Any] = await conclave.confer("Which?", config=config, session_id="py-1")
-    assert first_error("confer.output.json", result) is None
-    assert result["session_id"] == "py-1"
-    assert result["answers"][0]["status"] == "ok"
+        result = await conclave.confer("Which?", config=config, session_id="py-1")
+    assert isinstance(result, conclave.ConferResult)
+    assert first_error("confer.output.json", result.to_dict()) is None
+    assert result.session_id == "py-1" and result.degraded is False
+    (answer,) = result.answers
+    assert isinstance(answer, Answer) and answer.status == "ok" and answer.text
+    assert result.to_dict()["answers"][0]["text"] == answer.text
+    assert result.usage.total_tokens == answer.usage.total_tokens > 0
+
+
+@pytest.mark.anyio
+async def test_one_client_opens_its_runtime_once_for_many_calls(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    events = tmp_path / "events.ndjson"
+    async with SimPanel() as panel:
+        config = make_config(
+            {"a": {"kind": "openai", "model": "m", "base_url": panel.base_url("openai")}},
+            roles={"proposer": "a", "critics": ["a"], "synthesizer": "a"},
+            telemetry={"path": str(events)},
+        )
+        async with conclave.Conclave(config) as client:
+            first = await client.confer("One?", session_id="py-a")
+            second = await client.confer("Two?", session_id="py-b")
+            debate = await client.coordinate("Pick a queue.", session_id="py-c")
+    assert [first.answers[0].status, second.answers[0].status] == ["ok", "ok"]
+    assert isinstance(debate, conclave.CoordinateResult)
+    assert first_error("coordinate.output.json", debate.to_dict()) is None
+    assert isinstance(debate.proposal, RoleAnswer) and debate.proposal.role == "proposer"
+    assert [r.proposal.provider for r in debate.rounds] == ["a"]
+    started = [e["session_id"] for e in read_events(events) if e["event"] == "session_start"]
+    assert started == ["py-a", "py-b", "py-c"]
+
+
+@pytest.mark.anyio
+async def test_a_client_used_outside_its_block_says_how_to_open_it(make_config: Callable[..., Config]) -> None:
+    client = conclave.Conclave(make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}}))
+    with pytest.raises(ConclaveError, match="async with"):
+        await client.confer("Which?")
+
+
+@pytest.mark.anyio
+async def test_bad_arguments_are_refused_at_the_python_door_with_the_failing_path(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+    async with conclave.Conclave(config) as client:
+        with pytest.raises(InvalidArguments) as info:
+            await client.coordinate("Pick.", rounds=9)
+    assert info.value.path == "$.rounds"
+
+
+@pytest.mark.parametrize("tool", ["confer", "coordinate", "fetch", "verify"])
+def test_the_python_keywords_are_exactly_the_tools_arguments(tool: str) -> None:
+    """The schema is the source of truth: a new argument there must be a keyword here."""
+    method = getattr(conclave.Conclave, tool)
+    keywords = set(inspect.signature(method).parameters) - {"self", "progress"}
+    assert keywords == set(load_schema(f"{tool}.input.json")["properties"])
 
 
 def test_the_sync_wrapper_runs_outside_an_event_loop(make_config: Callable[..., Config]) -> None:
@@ -32,8 +92,9 @@ def test_the_sync_wrapper_runs_outside_an_event_loop(make_config: Callable[..., 
         retry={"max_attempts": 1},
     )
     result = conclave.confer_sync("Which?", config=config, dry_run=True)
-    assert result["dry_run"] is True
-    assert result["plan"]["max_calls"] == 1
+    assert result.dry_run is True
+    assert result.to_dict()["dry_run"] is True
+    assert result.plan is not None and result.plan["max_calls"] == 1
 
 
 def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_need(tmp_path: Path) -> None:
@@ -46,8 +107,7 @@ def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_nee
 import asyncio, sys
 from conclave.config import load_config
 from conclave.errors import InvalidArguments
-from conclave.runtime import open_runtime
-from conclave.deliberation.confer import confer
+from conclave.api import Conclave
 from conclave.sim import SimPanel
 LAZY = ["jsonschema", "tenacity", "httpx_aiohttp", "conclave.tools.fetch", "conclave.tools.verify"]
 
@@ -59,14 +119,14 @@ async def main():
             "panel: [a]\\ntelemetry: {{path: {str(tmp_path / "events.ndjson")!r}}}\\n"
             "transcripts: {{dir: {str(tmp_path / "transcripts")!r}}}\\n"
         )
-        async with open_runtime(load_config(path, env={{}}, dotenv=None)) as rt:
-            result = await confer(rt, {{"question": "q?"}})
-            print(result["answers"][0]["status"], [m for m in LAZY if m in sys.modules])
+        async with Conclave(load_config(path, env={{}}, dotenv=None)) as client:
+            result = await client.confer("q?")
+            print(result.answers[0].status, [m for m in LAZY if m in sys.modules])
             try:
-                await confer(rt, {{"question": "q?", "max_tokens": "many"}})
+                await client.confer("q?", max_tokens="many")
             except InvalidArguments as exc:
                 print(exc.path, "jsonschema" in sys.modules)
-            checked = await rt.call_tool("verify", {{"checks": [{{"type": "math", "expression": "1+1", "expected": 2}}]}})
+            checked = await client.verify([{{"type": "math", "expression": "1+1", "expected": 2}}])
             print(checked["passed"], [m for m in LAZY if m in sys.modules])
 
 asyncio.run(main())

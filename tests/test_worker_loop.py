@@ -380,7 +380,7 @@ async def test_warn_cap_lets_both_calls_run_attaches_the_block_and_warns_once(
     tag = fetch_tag(f"http://127.0.0.1:{pages.port}/fact")
     out = await run(runtime, ScriptedProvider("p", [tag, tag, "done"]), cap=CostCap(0.0015, "warn"))
     assert [c.status for c in out.inner_tool_calls] == ["ok", "ok"]
-    assert out.cost_cap == {
+    assert out.cost_cap is not None and out.cost_cap.to_dict() == {
         "cap_usd": 0.0015,
         "mode": "warn",
         "observed_usd": pytest.approx(0.003),
@@ -405,7 +405,7 @@ async def test_enforce_cap_refuses_the_call_once_cost_is_over_and_grants_a_final
     assert out.text == "final"
     assert out.hops == 3
     assert pages.hits == ["/fact"]
-    assert out.cost_cap is not None and out.cost_cap["blocked"] is True
+    assert out.cost_cap is not None and out.cost_cap.blocked is True
 
 
 async def test_enforce_counts_the_model_call_that_emitted_the_tag(runtime: Runtime, pages: Pages) -> None:
@@ -430,7 +430,7 @@ async def test_a_cap_not_reached_shows_a_block_not_exceeded(runtime: Runtime, pa
         cap=CostCap(1.0, "enforce"),
     )
     assert out.cost_cap is not None
-    assert (out.cost_cap["exceeded"], out.cost_cap["blocked"]) == (False, False)
+    assert (out.cost_cap.exceeded, out.cost_cap.blocked) == (False, False)
 
 
 async def test_an_unknown_price_makes_the_cap_unenforceable_and_says_so(
@@ -442,7 +442,9 @@ async def test_an_unknown_price_makes_the_cap_unenforceable_and_says_so(
     out = await run(runtime, provider, cap=CostCap(0.0001, "enforce"))
     assert out.usage.cost_usd is None
     assert out.cost_cap is not None
-    assert out.cost_cap["enforceable"] is False and "cannot be enforced" in str(out.cost_cap["note"])
+    block = out.cost_cap.to_dict()
+    assert block["enforceable"] is False and block["observed_usd"] is None
+    assert "cannot be enforced" in str(block["note"])
     assert "price_unknown" in out.warnings
     assert out.inner_tool_calls[0].status == "ok", "an unpriced call cannot trip the cap"
 

@@ -105,4 +105,4 @@ async def test_a_worker_fetches_through_the_panel_and_answers_from_the_page(
     assert out.usage.cost_usd == pytest.approx(
         (out.usage.input_tokens * 1.0 + out.usage.output_tokens * 2.0) / 1e6
     )
-    assert out.cost_cap is not None and out.cost_cap["exceeded"] is False
+    assert out.cost_cap is not None and out.cost_cap.exceeded is False

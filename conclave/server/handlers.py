@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from conclave.deliberation.common import ProgressSink
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
+from conclave.deliberation.session import ProgressSink
 from conclave.doctor import providers_in_use
 from conclave.runtime import Runtime
 from conclave.schemas import check_arguments
@@ -38,13 +38,13 @@ class ServerTool:
 
 
 async def _confer(runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
-    return await confer(runtime, args, progress=progress)
+    return (await confer(runtime, args, progress=progress)).to_dict()
 
 
 async def _coordinate(
     runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
 ) -> dict[str, Any]:
-    return await coordinate(runtime, args, progress=progress)
+    return (await coordinate(runtime, args, progress=progress)).to_dict()
 
 
 def _registry_tool(name: str) -> Handler:
@@ -144,8 +144,8 @@ def render_providers(result: Mapping[str, Any]) -> str:
 def server_tools() -> dict[str, ServerTool]:
     """Every tool's behaviour, by name (`surface.TOOL_NAMES` is the order tools/list shows)."""
     tools = (
-        ServerTool("confer", _confer, render_confer, validates_itself=True),
-        ServerTool("coordinate", _coordinate, render_coordinate, validates_itself=True),
+        ServerTool("confer", _confer, render_confer),
+        ServerTool("coordinate", _coordinate, render_coordinate),
         ServerTool("fetch", _registry_tool("fetch"), render_fetch, validates_itself=True),
         ServerTool("verify", _registry_tool("verify"), render_verify, validates_itself=True),
         ServerTool("list_providers", _list_providers, render_providers),

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conclave.budgets import CostCap, CostMeter, HopBudget
+from conclave.budgets import CostCap, CostCapReport, CostMeter, HopBudget
 from conclave.config import WorkerToolsConfig
 from conclave.errors import InvalidArguments, ProviderError, ToolError, ToolRefused
 from conclave.messages import Completer, Completion, CompletionRequest, Message, Usage
@@ -71,7 +71,7 @@ class WorkerOutcome:
     latency_ms: float = 0.0
     hops: int = 0
     inner_tool_calls: list[InnerCall] = field(default_factory=list)
-    cost_cap: dict[str, object] | None = None
+    cost_cap: CostCapReport | None = None
     warnings: list[str] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
     error: ProviderError | None = None
@@ -109,50 +109,33 @@ class WorkerLoop:
         self._settings = settings
 
     async def run(self, turn: WorkerTurn) -> WorkerOutcome:
+        """The whole turn; a provider failure or a bug is recorded on the outcome, never raised."""
         unknown = [t for t in turn.tools if t not in WORKER_ALLOWLIST]
         if unknown:
             raise ValueError(f"worker tools outside the allowlist: {unknown}")
         started = time.perf_counter()
-        # Only a turn with tools has hops, budgets and a conversation that grows; a plain call's
-        # outcome is made once the answer is in. Nothing of it waits with the call (each object
-        # alive across the wait is one more the collector walks).
-        state = None
-        if turn.tools:
-            hops, cost = HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap)
-            state = _TurnState(turn, hops, cost, list(turn.messages), WorkerOutcome())
-        outcome = state.outcome if state is not None else None
+        hops, cost = HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap)
+        state = _TurnState(turn, hops, cost, list(turn.messages), WorkerOutcome())
         with session(turn.session_id):
             try:
-                if state is not None:
-                    step: Step | None = self._call_model
-                    while step is not None:
-                        step = await step(state)
-                else:  # a plain call: the one step, awaited here (a coroutine layer less per call)
-                    request = CompletionRequest(
-                        messages=turn.messages,
-                        system=turn.system,
-                        max_tokens=turn.max_tokens,
-                        temperature=turn.temperature,
-                    )
-                    completion = await turn.provider.complete(request, deadline=turn.deadline)
-                    outcome = _record(WorkerOutcome(), completion)
+                step: Step | None = self._call_model
+                while step is not None:
+                    step = await step(state)
             except ProviderError as exc:
-                outcome = outcome or WorkerOutcome()
-                outcome.error = exc  # what earlier hops cost is kept, not lost
+                state.outcome.error = exc  # what earlier hops cost is kept, not lost
             except Exception as exc:
-                outcome = outcome or WorkerOutcome()
-                outcome.failure = exc
-        assert outcome is not None  # made on every path above
-        outcome.latency_ms = (time.perf_counter() - started) * 1000.0
-        if state is not None:
-            outcome.cost_cap = state.cost.block()
-        return outcome
+                state.outcome.failure = exc
+        state.outcome.latency_ms = (time.perf_counter() - started) * 1000.0
+        state.outcome.cost_cap = cost.report() if turn.tools else None
+        return state.outcome
 
     # -- steps -----------------------------------------------------------------------------------
 
     async def _call_model(self, state: _TurnState) -> Step | None:
         completion = await state.turn.provider.complete(self._request(state), deadline=state.turn.deadline)
         _record(state.outcome, completion)
+        if not state.turn.tools:  # a plain call: no tags to look for, nothing to meter
+            return None
         self._meter(state, completion)
         found = find_tool_call(completion.text, truncated=completion.finish_reason == "length")
         if found is None:
@@ -176,11 +159,10 @@ class WorkerLoop:
 
     async def _finish(self, state: _TurnState) -> Step | None:
         turn = state.turn
-        if turn.tools:
-            leaked = leaks(state.outcome.text, [turn.canary, *state.nonces] if turn.canary else state.nonces)
-            if leaked:
-                state.outcome.warnings.append("canary_leak")
-                self._emit("canary_leak", state, what="canary" if turn.canary in leaked else "nonce")
+        leaked = leaks(state.outcome.text, [turn.canary, *state.nonces] if turn.canary else state.nonces)
+        if leaked:
+            state.outcome.warnings.append("canary_leak")
+            self._emit("canary_leak", state, what="canary" if turn.canary in leaked else "nonce")
         return None
 
     # -- the tool call, checked in SPEC order ------------------------------------------------------
@@ -322,10 +304,10 @@ def _refusal_reason(exc: ToolRefused) -> tuple[str, Mapping[str, Any] | None]:
     return exc.reason, None
 
 
-def _record(out: WorkerOutcome, completion: Completion) -> WorkerOutcome:
+def _record(out: WorkerOutcome, completion: Completion) -> None:
     """One model call into the turn's outcome: its text, summed usage and an exchange."""
     out.text, out.finish_reason, out.model = completion.text, completion.finish_reason, completion.model
-    out.usage = _add_usage(out.usage, completion.usage, first=out.hops == 0)
+    out.usage = completion.usage if out.hops == 0 else out.usage + completion.usage
     out.hops += 1
     out.exchanges.append(
         {
@@ -339,26 +321,6 @@ def _record(out: WorkerOutcome, completion: Completion) -> WorkerOutcome:
     for warning in completion.warnings:
         if warning not in out.warnings:
             out.warnings.append(warning)
-    return out
-
-
-def _add_usage(total: Usage, more: Usage, *, first: bool) -> Usage:
-    """Sum two usages; a cost unknown on any hop makes the total unknown (never a guess)."""
-    if first:
-        return more
-
-    def plus(a: int | None, b: int | None) -> int | None:
-        return None if a is None and b is None else (a or 0) + (b or 0)
-
-    cost = None if total.cost_usd is None or more.cost_usd is None else total.cost_usd + more.cost_usd
-    return Usage(
-        input_tokens=total.input_tokens + more.input_tokens,
-        output_tokens=total.output_tokens + more.output_tokens,
-        cached_input_tokens=plus(total.cached_input_tokens, more.cached_input_tokens),
-        cache_write_tokens=plus(total.cache_write_tokens, more.cache_write_tokens),
-        reasoning_tokens=plus(total.reasoning_tokens, more.reasoning_tokens),
-        cost_usd=cost,
-    )
 
 
 __all__ = ["WORKER_ALLOWLIST", "InnerCall", "WorkerLoop", "WorkerOutcome", "WorkerTurn"]

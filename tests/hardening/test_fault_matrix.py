@@ -285,13 +285,11 @@ async def _call(rt: Runtime, door: str, **args: Any) -> dict[str, Any]:
     """One call through `door`, which must come back by its deadline with a valid result."""
     with anyio.fail_after(DEADLINE_SECONDS + MARGIN_SECONDS):
         if door == "confer":
-            result = await confer(
-                rt, {"question": "Which queue should we use?", "timeout_seconds": DEADLINE_SECONDS, **args}
-            )
+            asked = {"question": "Which queue should we use?", "timeout_seconds": DEADLINE_SECONDS, **args}
+            result = (await confer(rt, asked)).to_dict()
         else:
-            result = await coordinate(
-                rt, {"task": "Pick a database for the ledger.", "timeout_seconds": DEADLINE_SECONDS, **args}
-            )
+            debated = {"task": "Pick a database for the ledger.", "timeout_seconds": DEADLINE_SECONDS, **args}
+            result = (await coordinate(rt, debated)).to_dict()
     error = first_error(f"{door}.output.json", result)
     assert error is None, f"{error.message} at {list(error.absolute_path)}" if error else ""
     return result

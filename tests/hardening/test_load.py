@@ -198,7 +198,7 @@ async def test_text_with_a_key_like_query_before_a_quote_keeps_transcripts_and_e
         )
         config = load_config(str(path), env={}, dotenv=None)
         async with open_runtime(config) as runtime:
-            result = await confer(runtime, {"question": question, "providers": ["alpha"]})
+            result = (await confer(runtime, {"question": question, "providers": ["alpha"]})).to_dict()
     assert result["answers"][0]["status"] == "ok"
     transcripts = list((tmp_path / "transcripts").rglob("*.json"))
     assert len(transcripts) == 1
@@ -306,7 +306,7 @@ async def test_a_bearer_token_after_a_tab_or_newline_is_redacted_from_transcript
         telemetry = {"path": str(tmp_path / "events.ndjson"), "include_content": True}
         config = load_config(str(panel_config(panel, tmp_path, telemetry=telemetry)), env={}, dotenv=None)
         async with open_runtime(config) as runtime:
-            result = await confer(runtime, {"question": question, "providers": ["alpha"]})
+            result = (await confer(runtime, {"question": question, "providers": ["alpha"]})).to_dict()
     assert token in (result["answers"][0]["text"] or "")  # the reply itself is the caller's own text
     written = {p.name: p.read_bytes() for p in (tmp_path / "transcripts").rglob("*.json")}
     written["events.ndjson"] = (tmp_path / "events.ndjson").read_bytes()

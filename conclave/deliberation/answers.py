@@ -1,0 +1,73 @@
+"""A finished worker turn as an `Answer`, and the answers made for providers never asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conclave.config import Config
+from conclave.deliberation.results import Answer
+from conclave.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
+from conclave.runtime import Runtime
+from conclave.worker.loop import WorkerOutcome
+
+
+def answer_from(outcome: WorkerOutcome, name: str, runtime: Runtime) -> Answer:
+    """The turn's answer; a provider failure, an empty reply or a bug becomes a status."""
+    model = outcome.model or runtime.config.providers[name].model
+    if outcome.failure is not None:  # a bug must cost one answer, not the whole call
+        exc = outcome.failure
+        message = runtime.telemetry.redactor.text(f"{type(exc).__name__}: {exc}")
+        return Answer(
+            name, runtime.config.providers[name].model, "error", error=_error("internal_error", message)
+        )
+    status: str = "ok"
+    text: str | None = outcome.text
+    error: dict[str, Any] | None = None
+    if outcome.error is not None:
+        status, text, error = status_of(outcome.error), None, outcome.error.to_dict()
+    elif not outcome.text.strip():
+        message = f"the model returned no text (finish_reason: {outcome.finish_reason})"
+        status, text, error = "error", None, _error("empty_completion", message)
+    return Answer(
+        provider=name,
+        model=model,
+        status=status,
+        text=text,
+        error=error,
+        finish_reason=outcome.finish_reason if outcome.hops else None,
+        usage=outcome.usage,
+        latency_ms=outcome.latency_ms,
+        hops=outcome.hops,
+        warnings=tuple(outcome.warnings),
+        inner_tool_calls=tuple(outcome.inner_tool_calls),
+        cost_cap=outcome.cost_cap,
+        exchanges=tuple(outcome.exchanges),
+    )
+
+
+def status_of(exc: ProviderError) -> str:
+    if isinstance(exc, MissingApiKey):
+        return "skipped"
+    if isinstance(exc, BreakerOpen):
+        return "breaker_open"
+    if isinstance(exc, DeadlineExceeded | ProviderTimeout):
+        return "timeout"
+    return "error"
+
+
+def skipped(name: str, code: str, message: str) -> Answer:
+    return Answer(name, None, "skipped", error=_error(code, message))
+
+
+def timed_out(name: str, model: str | None, elapsed_ms: float) -> Answer:
+    error = _error("deadline_exceeded", "no answer before the call's deadline")
+    return Answer(name, model, "timeout", error=error, latency_ms=elapsed_ms)
+
+
+def unknown_provider(name: str, config: Config) -> Answer:
+    known = ", ".join(config.providers)
+    return skipped(name, "unknown_provider", f"provider {name!r} is not configured; known: {known}")
+
+
+def _error(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}

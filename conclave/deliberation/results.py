@@ -1,0 +1,278 @@
+"""What a deliberation returns: typed records, rendered to JSON once, at the boundary.
+
+`to_dict()` gives exactly the shapes of `schemas/confer.output.json` and
+`schemas/coordinate.output.json`. A confer answer carries no coordinate-only fields; a
+coordinate role answer is an `Answer` plus its role, round, envelope and attempts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conclave.budgets import CostCapReport
+from conclave.deliberation.roles import Role
+from conclave.messages import Usage
+from conclave.worker.loop import InnerCall
+
+OPERATOR_PROMPT = (
+    "Worker tool spending went over the cost cap of ${cap:.4f} (observed {observed}) in warn mode. "
+    'Ask your user whether to enforce the cap (worker_tool_cost_cap_mode: "enforce"), keep warning '
+    '("warn"), or ignore it ("off").'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One provider's answer to one turn. `status`: ok | error | timeout | breaker_open | skipped
+    (and, for a coordinate role, invalid_envelope)."""
+
+    provider: str
+    model: str | None
+    status: str
+    text: str | None = None
+    error: Mapping[str, Any] | None = None
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    latency_ms: float = 0.0
+    hops: int = 0
+    warnings: tuple[str, ...] = ()
+    inner_tool_calls: tuple[InnerCall, ...] = ()
+    cost_cap: CostCapReport | None = None
+    exchanges: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)  # transcripts
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def error_code(self) -> str | None:
+        return self.error.get("code") if self.error else None
+
+    def to_dict(self, *, tools_on: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "provider": self.provider,
+            "model": self.model,
+            "status": self.status,
+            "text": self.text,
+            "error": dict(self.error) if self.error is not None else None,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_dict(),
+            "latency_ms": round(self.latency_ms, 3),
+            "hops": self.hops,
+            "warnings": list(self.warnings),
+        }
+        if tools_on:
+            out["inner_tool_calls"] = [call.to_dict() for call in self.inner_tool_calls]
+            if self.cost_cap is not None:
+                out["cost_cap"] = self.cost_cap.to_dict()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DegradedReason:
+    """Why a result is not whole: who is missing, in which role, and with what status."""
+
+    provider: str
+    role: str | None
+    status: str
+    code: str | None
+
+    @classmethod
+    def of(cls, answer: Answer, role: str | None = None) -> DegradedReason:
+        return cls(answer.provider, role, answer.status, answer.error_code)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"provider": self.provider, "role": self.role, "status": self.status, "code": self.code}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleAnswer(Answer):
+    """A coordinate role's answer: the envelope it emitted (None when it has none), over one or two
+    attempts; a synthesizer that replaced another names it in `fallback_from`."""
+
+    role: Role
+    round: int | None = None
+    envelope: Mapping[str, Any] | None = None
+    attempts: int = 0
+    fallback_from: DegradedReason | None = None
+    fallbacks_tried: tuple[DegradedReason, ...] = ()
+
+    @property
+    def reason(self) -> DegradedReason:
+        return DegradedReason.of(self, self.role)
+
+    def to_dict(self, *, tools_on: bool) -> dict[str, Any]:
+        out = Answer.to_dict(self, tools_on=tools_on and self.role != "synthesizer")
+        out.update(role=self.role, envelope=self.envelope, attempts=self.attempts)
+        if self.round is not None:
+            out["round"] = self.round
+        if self.status != "invalid_envelope":
+            out["text"] = None  # the envelope is the answer; raw text is kept only when it is invalid
+        if self.fallback_from is not None:
+            out["fallback_from"] = self.fallback_from.to_dict()
+        if self.fallbacks_tried:
+            out["fallbacks_tried"] = [reason.to_dict() for reason in self.fallbacks_tried]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One round of the debate: the proposal and the critiques of it."""
+
+    number: int
+    proposal: RoleAnswer
+    critiques: tuple[RoleAnswer, ...] = ()
+
+    def to_dict(self, *, tools_on: bool) -> dict[str, Any]:
+        return {
+            "round": self.number,
+            "proposal": self.proposal.to_dict(tools_on=tools_on),
+            "critiques": [c.to_dict(tools_on=tools_on) for c in self.critiques],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CostCapSummary:
+    """The call-level cost cap: every turn's report combined, with the breakdown by provider
+    (confer) or by role (coordinate)."""
+
+    total: CostCapReport
+    breakdown_name: str  # "per_provider" | "per_role"
+    breakdown: Mapping[str, CostCapReport]
+
+    @property
+    def operator_prompt(self) -> str | None:
+        if not (self.total.exceeded and self.total.mode == "warn"):
+            return None
+        observed = self.total.observed_usd
+        shown = "an unknown amount" if observed is None else f"${observed:.4f}"
+        return OPERATOR_PROMPT.format(cap=self.total.cap_usd, observed=shown)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.total.to_dict()
+        out[self.breakdown_name] = {name: report.to_dict() for name, report in self.breakdown.items()}
+        if self.operator_prompt is not None:
+            out["operator_prompt"] = self.operator_prompt
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseSummary:
+    """The `worker_tools` block: what the caller asked for, against the hard allowlist."""
+
+    accepted: tuple[str, ...]
+    rejected: tuple[str, ...]
+    hop_budget: int
+    applies_to: tuple[str, ...] | None = None
+    cost_cap: CostCapSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "accepted": list(self.accepted),
+            "rejected": list(self.rejected),
+            "hop_budget": self.hop_budget,
+        }
+        if self.applies_to is not None:
+            out["applies_to"] = list(self.applies_to)
+        if self.cost_cap is not None:
+            out["cost_cap"] = self.cost_cap.to_dict()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """What a set of answers spent: usage and model calls."""
+
+    usage: Usage
+    calls: int
+
+    @classmethod
+    def of(cls, answers: Sequence[Answer]) -> Totals:
+        """Only answers that called a model count: a skipped provider spent nothing, and its unknown
+        cost must not make the total unknown."""
+        spent = [a for a in answers if a.hops > 0]
+        usage = Usage.total(a.usage for a in spent)
+        if usage.cost_usd is not None:
+            usage = usage.with_cost(round(usage.cost_usd, 10))
+        return cls(usage, sum(a.hops for a in spent))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"usage": self.usage.to_dict(), "calls": self.calls}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Result:
+    session_id: str
+    degraded: bool
+    degraded_reasons: tuple[DegradedReason, ...]
+    usage: Usage
+    latency_ms: float
+    warnings: tuple[str, ...]
+    worker_tools: ToolUseSummary | None = None
+    plan: Mapping[str, Any] | None = None  # a dry run's plan; nothing was called
+
+    @property
+    def dry_run(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def tools_on(self) -> bool:
+        return self.worker_tools is not None and bool(self.worker_tools.accepted)
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "degraded": self.degraded,
+            "degraded_reasons": [reason.to_dict() for reason in self.degraded_reasons],
+        }
+
+    def _tail(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "usage": self.usage.to_dict(),
+            "latency_ms": round(self.latency_ms, 3),
+            "warnings": list(self.warnings),
+        }
+        if self.worker_tools is not None:
+            out["worker_tools"] = self.worker_tools.to_dict()
+        if self.plan is not None:
+            out.update(dry_run=True, plan=self.plan)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConferResult(_Result):
+    """`confer`'s result: every panel member's answer, in the order they were asked."""
+
+    answers: tuple[Answer, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        answers = [answer.to_dict(tools_on=self.tools_on) for answer in self.answers]
+        return {**self._head(), "answers": answers, **self._tail()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinateResult(_Result):
+    """`coordinate`'s result: every round, the final round's proposal and critiques, the synthesis."""
+
+    rounds: tuple[Round, ...]
+    proposal: RoleAnswer | None
+    critiques: tuple[RoleAnswer, ...]
+    synthesis: RoleAnswer | None
+    per_role: Mapping[str, Totals]
+
+    def to_dict(self) -> dict[str, Any]:
+        tools_on = self.tools_on
+        tail = self._tail()
+        usage = tail.pop("usage")
+        return {
+            **self._head(),
+            "rounds": [r.to_dict(tools_on=tools_on) for r in self.rounds],
+            "proposal": self.proposal.to_dict(tools_on=tools_on) if self.proposal else None,
+            "critiques": [c.to_dict(tools_on=tools_on) for c in self.critiques],
+            "synthesis": self.synthesis.to_dict(tools_on=False) if self.synthesis else None,
+            "usage": usage,
+            "per_role": {role: totals.to_dict() for role, totals in self.per_role.items()},
+            **tail,
+        }

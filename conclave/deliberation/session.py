@@ -1,0 +1,237 @@
+"""The scaffold every deliberation runs in, written once.
+
+A `Session` is one `confer` or `coordinate` call: its id and canary, the worker tools the caller
+asked for, its deadline and limits. `run_session` plugs a deliberation (the phases that differ
+between tools) into the steps that do not:
+
+    session_start -> the dry-run plan, or the deliberation -> transcript -> session_end
+
+and closes the session in the event log when the call is cancelled.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from conclave.budgets import CostCap, CostCapReport, combined
+from conclave.deliberation.answers import answer_from, unknown_provider
+from conclave.deliberation.results import (
+    Answer,
+    ConferResult,
+    CoordinateResult,
+    CostCapSummary,
+    ToolUseSummary,
+)
+from conclave.messages import Message, Usage
+from conclave.runtime import Runtime
+from conclave.telemetry import session as bind_session
+from conclave.worker.hint import tool_hint, with_hint
+from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
+from conclave.worker.untrusted import new_canary
+
+ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
+Result = TypeVar("Result", ConferResult, CoordinateResult)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What the caller asked of worker tools, split against the hard allowlist."""
+
+    requested: bool
+    accepted: tuple[str, ...]
+    rejected: tuple[str, ...]
+    cap: CostCap
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any], runtime: Runtime) -> ToolPlan:
+        asked = list(dict.fromkeys(args.get("worker_tools") or []))
+        settings = runtime.config.worker_tools
+        cap = CostCap.resolve(
+            args.get("worker_tool_cost_cap_usd"),
+            args.get("worker_tool_cost_cap_mode"),
+            default_cap=settings.cost_cap_usd,
+            default_mode=settings.cost_cap_mode,
+        )
+        return cls(
+            requested=bool(asked),
+            accepted=tuple(t for t in asked if t in WORKER_ALLOWLIST),
+            rejected=tuple(t for t in asked if t not in WORKER_ALLOWLIST),
+            cap=cap,
+        )
+
+
+class Session:
+    """One call's shared state and the one way its members are asked."""
+
+    def __init__(
+        self, runtime: Runtime, tool: str, args: Mapping[str, Any], progress: ProgressSink | None
+    ) -> None:
+        limits = runtime.config.limits
+        self.runtime, self.tool, self.args, self.progress = runtime, tool, args, progress
+        self.id: str = args.get("session_id") or f"s-{uuid.uuid4().hex[:20]}"
+        self.canary = new_canary()
+        self.tools = ToolPlan.from_args(args, runtime)
+        self.timeout = float(args.get("timeout_seconds") or limits.timeout_seconds)
+        self.max_tokens = int(args.get("max_tokens") or limits.max_tokens)
+        self.temperature: float | None = args.get("temperature", limits.temperature)
+        self.dry_run = bool(args.get("dry_run"))
+        self.started = time.perf_counter()
+        self.deadline = anyio.current_time() + self.timeout
+
+    @property
+    def tools_on(self) -> bool:
+        return bool(self.tools.accepted)
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000.0
+
+    async def ask(
+        self,
+        name: str,
+        messages: tuple[Message, ...],
+        *,
+        system: str | None,
+        tools: tuple[str, ...],
+        role: str | None = None,
+    ) -> Answer:
+        """One worker turn for provider `name`, as an Answer: a failure is a status, never raised."""
+        if name not in self.runtime.config.providers:
+            return unknown_provider(name, self.runtime.config)
+        turn = WorkerTurn(
+            provider=self.runtime.providers.get(name),
+            messages=messages,
+            deadline=self.deadline,
+            session_id=self.id,
+            system=system,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            tools=tools,
+            cost_cap=self.tools.cap,
+            canary=self.canary if tools else "",
+            role=role,
+        )
+        outcome = await self.runtime.worker.run(turn)
+        return answer_from(outcome, name, self.runtime)
+
+    def hinted(self, system: str | None, tools: Sequence[str]) -> str | None:
+        """The system prompt a turn with `tools` is sent: with the tool hint when there are any."""
+        if not tools:
+            return system
+        settings = self.runtime.config.worker_tools
+        hint = tool_hint(self.runtime.tools, tools, hop_budget=settings.hop_budget, canary=self.canary)
+        return with_hint(system, hint)
+
+    async def report(self, **fields: Any) -> None:
+        if self.progress is not None:
+            await self.progress(fields)
+
+    def tool_use(
+        self,
+        reports: Mapping[str, Sequence[CostCapReport]],
+        *,
+        breakdown: str,
+        applies_to: tuple[str, ...] | None = None,
+    ) -> ToolUseSummary | None:
+        """The call's `worker_tools` block (only when the caller passed `worker_tools`), with the
+        cost cap combined over `reports` (name -> the CostCapReports of that name's turns)."""
+        if not self.tools.requested:
+            return None
+        cap = self.tools.cap
+        summary = None
+        if self.tools.accepted and cap.active:
+            parts = {name: combined(cap, found) for name, found in reports.items() if found}
+            summary = CostCapSummary(combined(cap, list(parts.values())), breakdown, parts)
+        hop_budget = self.runtime.config.worker_tools.hop_budget
+        return ToolUseSummary(self.tools.accepted, self.tools.rejected, hop_budget, applies_to, summary)
+
+
+class Deliberation(Protocol[Result]):
+    """What confer and coordinate plug into the scaffold."""
+
+    def opening(self) -> dict[str, Any]:
+        """`session_start`'s own fields: who is asked, and the question or task."""
+
+    async def deliberate(self) -> Result: ...
+
+    def plan(self) -> Result:
+        """The dry run: what would be called, at most what it would cost; nothing is called."""
+
+    def transcript(self, result: Result) -> dict[str, Any]:
+        """What the transcript keeps beyond the result: every hop's exchanges."""
+
+    def tally(self, result: Result) -> tuple[int, int]:
+        """How many answers, and how many of them are usable, for `session_end`."""
+
+
+async def run_session(session: Session, deliberation: Deliberation[Result]) -> Result:
+    with bind_session(session.id):
+        try:
+            return await _run(session, deliberation)
+        except anyio.get_cancelled_exc_class():
+            # A cancelled call still closes its session, so nothing built on the log mistakes it
+            # for a call still running.
+            _end(session, "cancelled", Usage(), duration_ms=session.elapsed_ms())
+            raise
+
+
+async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
+    session.runtime.telemetry.emit(
+        "session_start",
+        tool=session.tool,
+        worker_tools=list(session.tools.accepted),
+        dry_run=session.dry_run,
+        timeout_seconds=session.timeout,
+        **deliberation.opening(),
+    )
+    result = deliberation.plan() if session.dry_run else await deliberation.deliberate()
+    path = None
+    transcripts = session.runtime.transcripts
+    if transcripts is not None and not session.dry_run:
+        payload = {
+            "tool": session.tool,
+            "session_id": session.id,
+            "arguments": dict(session.args),
+            "result": result.to_dict(),
+            **deliberation.transcript(result),
+        }
+        path = transcripts.submit(session.id, session.tool, payload)
+    status = "dry_run" if session.dry_run else ("degraded" if result.degraded else "ok")
+    answers, ok = deliberation.tally(result)
+    _end(
+        session,
+        status,
+        result.usage,
+        duration_ms=session.elapsed_ms(),
+        answers=answers,
+        ok=ok,
+        degraded_reasons=[reason.to_dict() for reason in result.degraded_reasons],
+        transcript=path,
+    )
+    return result
+
+
+def _end(session: Session, status: str, usage: Usage, **fields: Any) -> None:
+    fields["duration_ms"] = round(fields["duration_ms"], 3)
+    session.runtime.telemetry.emit(
+        "session_end", tool=session.tool, status=status, usage=usage.to_dict(), **fields
+    )
+
+
+def merged_warnings(answers: Sequence[Answer], *, price_unknown: bool) -> tuple[str, ...]:
+    """Every answer's warnings once, in order; `price_unknown` when some cost is unknown."""
+    warnings = dict.fromkeys(w for answer in answers for w in answer.warnings)
+    if price_unknown:
+        warnings["price_unknown"] = None
+    return tuple(warnings)
+
+
+def user_messages(question: str, context: str | None) -> tuple[Message, ...]:
+    if context:
+        return (Message("user", f"{question}\n\nContext:\n{context}"),)
+    return (Message("user", question),)
