@@ -13,8 +13,8 @@ from conclave.budgets import CostCap
 from conclave.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
 from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
+from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerOutcome, WorkerTurn
-from conclave.worker.untrusted import new_canary
 
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 OPERATOR_PROMPT = (
