@@ -203,8 +203,7 @@ def _dialect(schema: Any) -> type[jsonschema.protocols.Validator]:
 
 def _require_small_json(value: Any, name: str) -> None:
     """Refuse values too deep or too large to hand to a worker (pickling recurses like validation)."""
-    if nests_deeper_than(value, _MAX_JSON_DEPTH):
-        raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
+    _require_shallow_json(value, name)
     try:
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -212,6 +211,11 @@ def _require_small_json(value: Any, name: str) -> None:
     size = len(encoded.encode("utf-8", "surrogatepass"))
     if size > _MAX_JSON_BYTES:
         raise _Fail(f"{name} is {size} bytes serialized, over the {_MAX_JSON_BYTES}-byte limit")
+
+
+def _require_shallow_json(value: Any, name: str) -> None:
+    if nests_deeper_than(value, _MAX_JSON_DEPTH):
+        raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -289,8 +293,7 @@ def _within(value: Number, expected: Number, tolerance: Number) -> bool:
 async def _check_equals(check: Mapping[str, Any]) -> Outcome:
     actual, expected = check["actual"], check["expected"]
     for name, value in (("actual", actual), ("expected", expected)):
-        if nests_deeper_than(value, _MAX_JSON_DEPTH):
-            raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
+        _require_shallow_json(value, name)
     difference = _first_difference(actual, expected, "$")
     if difference is None:
         return True, "equal"
