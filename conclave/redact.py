@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import re
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, AnyStr
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import quote, quote_plus
+
+from conclave._secret_scan import Needles, SecretSieve, contains_any
 
 REDACTED = "[REDACTED]"
 SENSITIVE_KEYS = frozenset(
@@ -44,103 +45,16 @@ _SENSITIVE_JSON_FIELD = re.compile(
 )
 
 
-# Every sensitive name ends in one of these (tests/test_secrets.py holds them to it), so at most
-# three substring checks of lowered JSON (two, where no `z` occurs) rule out a sensitive field
-# before the regex runs (one check per name cost several times more, on every event).
-_NAME_ENDINGS = (b'key"', b'authorization"', b'cookie"')
+# Every sensitive name ends in one of these (tests/test_secrets.py holds them to it), so a few
+# substring checks of lowered JSON rule out a sensitive field before the regex runs.
+_SENSITIVE_NAME_ENDS = Needles((b'key"', b'authorization"', b'cookie"'))
 
 # The credential shapes' fixed parts: bearer, sk-, AIza, xai-, key=. Substring checks are far
 # cheaper than the alternation regex, which runs only on a hit. Checked on ASCII-lowered bytes
 # too: still a superset of the regex's matches, since its case-sensitive parts only match ASCII
 # and no non-ASCII character matches a letter of `bearer` case-insensitively.
 _CREDENTIAL_TRIGGERS = ("bearer", "sk-", "aiza", "xai-", "key=")
-_CREDENTIAL_TRIGGER_BYTES = tuple(trigger.encode("ascii") for trigger in _CREDENTIAL_TRIGGERS)
-
-# Bytes that event lines and most prose seldom hold. A needle with one of them is searched for
-# only where that byte occurs, and finding one byte is a memchr, several times cheaper than a
-# substring search: a batch of event lines usually takes four substring searches, not eight.
-_RARE_BYTES = b"zx="
-
-
-def _contains_any(haystack: AnyStr, needles: Iterable[AnyStr]) -> bool:
-    """Whether any needle occurs in `haystack`: the one pre-check behind every redaction path.
-
-    `find`, not `in`: on bytes, `needle in haystack` first tries the needle as an integer (for
-    `65 in b"A"`) and builds and discards a formatted TypeError each time: ~1,800 instructions
-    per check on CPython 3.11, 76 K of a K=5 confer's 3.4 M.
-    """
-    for needle in needles:  # noqa: SIM110 -- a loop, not any(<generator>): no object per event
-        if haystack.find(needle) != -1:
-            return True
-    return False
-
-
-class _Needles:
-    """Whether any of some needles occurs in lowered bytes, each gated by its rarest byte."""
-
-    __slots__ = ("_gated", "_ungated")
-
-    def __init__(self, needles: Iterable[bytes]) -> None:
-        gated: dict[bytes, list[bytes]] = {}
-        ungated: list[bytes] = []
-        for needle in needles:
-            gate = next((bytes((rare,)) for rare in _RARE_BYTES if rare in needle), None)
-            if gate is None:
-                ungated.append(needle)
-            else:
-                gated.setdefault(gate, []).append(needle)
-        self._ungated = tuple(ungated)
-        self._gated = tuple((gate, tuple(group)) for gate, group in gated.items())
-
-    def occur_in(self, lowered: bytes) -> bool:
-        if _contains_any(lowered, self._ungated):
-            return True
-        for gate, needles in self._gated:
-            if lowered.find(gate) != -1 and _contains_any(lowered, needles):
-                return True
-        return False
-
-
-_SENSITIVE_NAME_ENDS = _Needles(_NAME_ENDINGS)
-_CREDENTIAL_PARTS = _Needles(_CREDENTIAL_TRIGGER_BYTES)
-
-
-_GRAM = 8  # bytes per word: the widest unsigned integer a memoryview casts to (format "Q")
-
-
-class _SecretSieve:
-    """Whether any of many secret spellings may occur in some bytes, in one sampled pass.
-
-    Four keys make 28 spellings; asking `needle in data` for each was a pass over every event
-    line and transcript per spelling. Instead: an occurrence of a spelling at least `reach`
-    bytes long contains a whole 8-byte word starting at a multiple of `stride` (the multiples
-    of `stride` are `stride` apart, and the positions where such a word fits inside the
-    occurrence span `reach - 7 >= stride` of them). So reading only those words of the data
-    (a strided memoryview, no copy) and looking each up among every 8-byte window of every
-    spelling misses no occurrence; a hit is confirmed by the exact search. Spellings too short
-    for a stride of 8 keep the plain per-spelling search.
-    """
-
-    __slots__ = ("_short", "_step", "_windows")
-
-    def __init__(self, needles: Sequence[bytes]) -> None:
-        long = [needle for needle in needles if len(needle) >= 2 * _GRAM - 1]
-        self._short = tuple(needle for needle in needles if len(needle) < 2 * _GRAM - 1)
-        reach = min((len(needle) for needle in long), default=2 * _GRAM - 1)
-        self._step = (reach - _GRAM + 1) // _GRAM  # the stride, in words
-        self._windows = frozenset(
-            int.from_bytes(needle[start : start + _GRAM], sys.byteorder)
-            for needle in long
-            for start in range(len(needle) - _GRAM + 1)
-        )
-
-    def may_occur_in(self, data: bytes) -> bool:
-        if self._windows:
-            whole_words = len(data) - len(data) % _GRAM
-            words = memoryview(data)[:whole_words].cast("Q")[:: self._step]
-            if not self._windows.isdisjoint(words):
-                return True
-        return _contains_any(data, self._short)
+_CREDENTIAL_PARTS = Needles(trigger.encode("ascii") for trigger in _CREDENTIAL_TRIGGERS)
 
 
 class Redactor:
@@ -153,13 +67,13 @@ class Redactor:
         forms = {form for s in secrets if len(s) >= 8 for form in spellings(s)}
         self._secrets = sorted(forms, key=len, reverse=True)
         # orjson writes non-ASCII text as UTF-8, unescaped: a key appears in JSON as these bytes.
-        self._sieve = _SecretSieve([form.encode("utf-8") for form in self._secrets])
+        self._sieve = SecretSieve([form.encode("utf-8") for form in self._secrets])
 
     def text(self, value: str) -> str:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        if not _contains_any(value.lower(), _CREDENTIAL_TRIGGERS):
+        if not contains_any(value.lower(), _CREDENTIAL_TRIGGERS):
             return value  # the common case: skip the regex scan
         return _CREDENTIAL_SHAPES.sub(_mask_match, value)
 
@@ -179,7 +93,7 @@ class Redactor:
         Much cheaper than walking the value before serializing (the hot path of every event
         and transcript). API keys need no JSON escaping, so they appear in the bytes as is.
         The bytes are lowered and searched once, as bytes: only a line that may hold a secret
-        or a credential is decoded for `text` (each extra pass over a transcript cost ~4 us).
+        or a credential is decoded for `text`, since every extra pass is paid on every line.
         """
         lowered = data.lower()
         if _SENSITIVE_NAME_ENDS.occur_in(lowered):

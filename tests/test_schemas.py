@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conclave._schema_accept import compile_acceptor
 from conclave.schemas import (
     acceptor,
-    compile_acceptor,
     first_error,
     load_schema,
     schema_dir,

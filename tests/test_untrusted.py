@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conclave.worker.leaks import leaks, new_canary
 from conclave.worker.untrusted import (
     DEFANG_MARK,
     find_live_markup,
-    leaks,
     neutralize,
-    new_canary,
     new_nonce,
     wrap_refusal,
     wrap_result,

@@ -2,10 +2,10 @@
 
 Six kinds of check: `regex`, `json_schema`, `math`, `equals`, `contains`, `json_parse`. Nothing here
 evaluates code or touches the network: arithmetic is interpreted from a whitelisted syntax tree with
-size limits checked *before* each operation, and JSON Schema `$ref`s resolve only against the bundled
-metaschemas. The two checks whose running time the caller controls (regex backtracking, schema
-validation) run in a worker process that is killed at its deadline, because CPython's `re` cannot be
-interrupted in-process.
+size limits checked *before* each operation (see `arithmetic`), and JSON Schema `$ref`s resolve only
+against the bundled metaschemas. The two checks whose running time the caller controls (regex
+backtracking, schema validation) run in a worker process that is killed at its deadline, because
+CPython's `re` cannot be interrupted in-process.
 
 A failed check, including a refused one (over a limit, invalid pattern, timeout), is a normal result
 with `passed: false` and a `detail` saying why; `run_verify` never raises for anything in the checks.
@@ -13,10 +13,8 @@ with `passed: false` and a `detail` saying why; `run_verify` never raises for an
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import operator
 import os
 import re
 import warnings
@@ -30,7 +28,9 @@ import anyio.to_process
 import anyio.to_thread
 
 from conclave.errors import CallerError
+from conclave.jsonshape import json_type, nests_deeper_than
 from conclave.schemas import json_path
+from conclave.tools.arithmetic import ExpressionRefused, Number, evaluate, show_number
 
 if TYPE_CHECKING:
     import jsonschema
@@ -47,14 +47,8 @@ _WORKERS = max(2, min(8, os.cpu_count() or 2))
 _MAX_JSON_BYTES = 256 * 1024
 _MAX_JSON_DEPTH = 100
 
-_MAX_INT_BITS = 10_000
-_MAX_NODES = 200
-_MAX_NESTING = 50
-_MAX_EXPONENT = 1000
-
 _REGEX_FLAGS = {"IGNORECASE": re.IGNORECASE, "MULTILINE": re.MULTILINE, "DOTALL": re.DOTALL}
 
-Number = int | float
 Outcome = tuple[bool, str]
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -209,8 +203,7 @@ def _dialect(schema: Any) -> type[jsonschema.protocols.Validator]:
 
 def _require_small_json(value: Any, name: str) -> None:
     """Refuse values too deep or too large to hand to a worker (pickling recurses like validation)."""
-    if _depth(value) > _MAX_JSON_DEPTH:
-        raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
+    _require_shallow_json(value, name)
     try:
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -220,20 +213,9 @@ def _require_small_json(value: Any, name: str) -> None:
         raise _Fail(f"{name} is {size} bytes serialized, over the {_MAX_JSON_BYTES}-byte limit")
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value, computed without recursion (the value may be deeper than the
-    interpreter's recursion limit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > _MAX_JSON_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend((child, depth + 1) for child in item)
-    return deepest
+def _require_shallow_json(value: Any, name: str) -> None:
+    if nests_deeper_than(value, _MAX_JSON_DEPTH):
+        raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,151 +267,23 @@ def _limiter(var: anyio.lowlevel.RunVar[anyio.CapacityLimiter]) -> anyio.Capacit
 
 
 async def _check_math(check: Mapping[str, Any]) -> Outcome:
-    value = _evaluate(check["expression"])
+    try:
+        value = evaluate(check["expression"])
+    except ExpressionRefused as refused:
+        return False, str(refused)
     if "expected" not in check:
-        return True, _show_number(value)
+        return True, show_number(value)
     expected, tolerance = check["expected"], check.get("tolerance", 1e-9)
     if _within(value, expected, tolerance):
-        return True, _show_number(value)
-    return False, f"got {_show_number(value)}, expected {expected!r} (tolerance {tolerance!r})"
+        return True, show_number(value)
+    return False, f"got {show_number(value)}, expected {expected!r} (tolerance {tolerance!r})"
 
 
 def _within(value: Number, expected: Number, tolerance: Number) -> bool:
-    """|value - expected| <= tolerance, exactly: a 10 000-bit int minus a float would overflow a float."""
+    """|value - expected| <= tolerance, exactly: a huge int minus a float would overflow a float."""
     if any(isinstance(number, float) and not math.isfinite(number) for number in (expected, tolerance)):
         raise _Fail("expected and tolerance must be finite numbers")
     return abs(Fraction(value) - Fraction(expected)) <= Fraction(tolerance)
-
-
-def _evaluate(expression: str) -> Number:
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError as exc:
-        raise _Fail(f"invalid expression: {exc.msg}") from exc
-    # The parser itself gives up on pathological nesting in these ways.
-    except (ValueError, MemoryError, RecursionError) as exc:
-        raise _Fail(f"invalid expression: {exc}") from exc
-    _check_shape(tree.body)
-    return _eval(tree.body)
-
-
-def _check_shape(root: ast.expr) -> None:
-    """Refuse anything but numbers and arithmetic, and trees too big or deep, before evaluating.
-
-    Iterative because the parser accepts nesting deeper than the interpreter's recursion limit.
-    """
-    count, stack = 0, [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if count > _MAX_NODES:
-            raise _Fail(f"expression has more than {_MAX_NODES} nodes")
-        if depth > _MAX_NESTING:
-            # A chain like 1+2+3 nests one level per operator: say so, or the refusal looks wrong.
-            raise _Fail(f"expression is nested deeper than {_MAX_NESTING} levels (each operator adds one)")
-        stack.extend((child, depth + 1) for child in _operands(node))
-
-
-def _operands(node: ast.expr) -> list[ast.expr]:
-    if isinstance(node, ast.Constant):
-        # `type(...) in` rather than isinstance: True is an int, and complex/str/bytes are constants too.
-        if type(node.value) not in (int, float):
-            raise _Fail(f"{type(node.value).__name__} constants are not allowed: only int and float numbers")
-        return []
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
-        return [node.operand]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return [node.left, node.right]
-    raise _Fail(f"{_describe(node)} not allowed: only numbers, + - * / // % ** and parentheses")
-
-
-def _describe(node: ast.expr) -> str:
-    names = {
-        ast.Name: "names are",
-        ast.Call: "function calls are",
-        ast.Attribute: "attributes are",
-        ast.Subscript: "subscripts are",
-        ast.Compare: "comparisons are",
-        ast.BoolOp: "boolean operators are",
-    }
-    for kind, description in names.items():
-        if isinstance(node, kind):
-            return description
-    operator_node = getattr(node, "op", None)
-    return f"{type(operator_node or node).__name__} is"
-
-
-def _eval(node: ast.expr) -> Number:
-    """Evaluate a tree `_check_shape` accepted; its depth bound keeps this recursion shallow."""
-    if isinstance(node, ast.Constant):
-        return _bounded(node.value)
-    if isinstance(node, ast.UnaryOp):
-        operand = _eval(node.operand)
-        return -operand if isinstance(node.op, ast.USub) else operand
-    if not isinstance(node, ast.BinOp):  # unreachable after _check_shape; kept as a hard stop
-        raise _Fail(f"{type(node).__name__} not allowed")
-    left, right = _eval(node.left), _eval(node.right)
-    try:
-        return _bounded(_BINARY[type(node.op)](left, right))
-    except ZeroDivisionError as exc:
-        raise _Fail("division by zero") from exc
-    except OverflowError as exc:
-        raise _Fail(f"float overflow: {exc}") from exc
-
-
-def _bounded(value: object) -> Number:
-    """Every intermediate result must be a finite float or an int within the bit limit."""
-    if type(value) is int:
-        if value.bit_length() > _MAX_INT_BITS:
-            raise _Fail(f"integer result over the {_MAX_INT_BITS}-bit limit")
-        return value
-    if type(value) is float:
-        if not math.isfinite(value):
-            raise _Fail("float overflow: result is not finite")
-        return value
-    # A negative number to a fractional power is complex in Python.
-    raise _Fail(f"{type(value).__name__} result not allowed: only real numbers")
-
-
-def _multiply(left: Number, right: Number) -> Number:
-    # A product has at most the sum of its factors' bits: refuse before computing it.
-    if isinstance(left, int) and isinstance(right, int) and _bits(left) + _bits(right) > _MAX_INT_BITS + 1:
-        raise _Fail(f"integer product over the {_MAX_INT_BITS}-bit limit")
-    return left * right
-
-
-def _power(base: Number, exponent: Number) -> Number:
-    if abs(exponent) > _MAX_EXPONENT:
-        raise _Fail(f"exponent {_show_number(exponent)} is over the limit of ±{_MAX_EXPONENT}")
-    # An int power has at most bits(base) * exponent bits: refuse before computing it.
-    if type(base) is int and type(exponent) is int and abs(base).bit_length() * exponent > _MAX_INT_BITS:
-        raise _Fail(f"integer power over the {_MAX_INT_BITS}-bit limit")
-    result: Number = base**exponent
-    return result
-
-
-def _bits(value: int) -> int:
-    return value.bit_length()
-
-
-_BINARY: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: _multiply,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: _power,
-}
-
-
-def _show_number(value: Number) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    digits = str(value)
-    if len(digits) <= _SNIPPET:
-        return digits
-    return f"{digits[:30]}…{digits[-30:]} ({len(digits.lstrip('-'))} digits)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -439,8 +293,7 @@ def _show_number(value: Number) -> str:
 async def _check_equals(check: Mapping[str, Any]) -> Outcome:
     actual, expected = check["actual"], check["expected"]
     for name, value in (("actual", actual), ("expected", expected)):
-        if _depth(value) > _MAX_JSON_DEPTH:
-            raise _Fail(f"{name} is nested deeper than {_MAX_JSON_DEPTH} levels")
+        _require_shallow_json(value, name)
     difference = _first_difference(actual, expected, "$")
     if difference is None:
         return True, "equal"
@@ -450,7 +303,7 @@ async def _check_equals(check: Mapping[str, Any]) -> Outcome:
 def _first_difference(actual: Any, expected: Any, path: str) -> str | None:
     """Where two JSON values first differ, in document order; None when equal. Depth is bounded by
     the caller, so recursion is safe."""
-    kind, expected_kind = _kind(actual), _kind(expected)
+    kind, expected_kind = json_type(actual), json_type(expected)
     if kind != expected_kind:
         shown = f"actual is {kind} {_show_json(actual)}, expected {expected_kind} {_show_json(expected)}"
         return f"{path}: {shown}"
@@ -487,28 +340,11 @@ def _array_difference(actual: list[Any], expected: list[Any], path: str) -> str 
     return None
 
 
-def _kind(value: Any) -> str:
-    """The JSON type name; bool is tested before int because True is an int in Python."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
 def _show_json(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):  # ValueError: an int over the digit limit, NaN
-        text = f"<{_kind(value)}>"
+        text = f"<{json_type(value)}>"
     return _clip(text, _SNIPPET)
 
 
@@ -532,7 +368,7 @@ async def _check_contains(check: Mapping[str, Any]) -> Outcome:
 
 
 async def _check_json_parse(check: Mapping[str, Any]) -> Outcome:
-    # Up to 1 MB with a Python hook per object: off the event loop so pings are still answered.
+    # A long text with a Python hook per object: off the event loop so pings are still answered.
     return await anyio.to_thread.run_sync(_parse_strict, check["text"])
 
 
@@ -547,7 +383,7 @@ def _parse_strict(text: str) -> Outcome:
         return False, "invalid JSON: nested too deeply to parse"
     except ValueError as exc:  # e.g. an integer over the interpreter's digit limit
         return False, f"invalid JSON: {exc}"
-    return True, f"valid JSON: {_kind(value)}"
+    return True, f"valid JSON: {json_type(value)}"
 
 
 def _reject_constant(name: str) -> Any:

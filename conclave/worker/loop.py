@@ -25,8 +25,9 @@ from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
 from conclave.worker.hint import tool_hint, with_hint
+from conclave.worker.leaks import leaks
 from conclave.worker.tags import TagError, ToolCall, find_tool_call
-from conclave.worker.untrusted import leaks, new_nonce, wrap_refusal, wrap_result
+from conclave.worker.untrusted import new_nonce, wrap_refusal, wrap_result
 
 WORKER_ALLOWLIST = frozenset({"fetch", "verify"})  # hard: no LLM-spawning tool, ever
 _FETCH_REASONS_PASSED_THROUGH = frozenset({"egress_budget_exhausted"})

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from conclave.jsonshape import a_json_type
 from conclave.records import record
 from conclave.strictjson import StrictJSONError, quote_key, strict_decoder
 
@@ -197,7 +198,7 @@ def _too_deep(s: str, pos: int) -> bool:
 
 def _shape_error(value: Any) -> str | None:
     if not isinstance(value, dict):
-        return f'tool call JSON must be an object {{"name": ..., "args": {{...}}}}, got {_kind(value)}'
+        return f'tool call JSON must be an object {{"name": ..., "args": {{...}}}}, got {a_json_type(value)}'
     for key in ("name", "args"):
         if key not in value:
             return f"tool call JSON is missing key {key!r}"
@@ -206,7 +207,7 @@ def _shape_error(value: Any) -> str | None:
         return f"unexpected key {quote_key(extra[0])} in tool call JSON (only 'name' and 'args' are allowed)"
     name = value["name"]
     if not isinstance(name, str):
-        return f"tool call 'name' must be a string, got {_kind(name)}"
+        return f"tool call 'name' must be a string, got {a_json_type(name)}"
     if not name:
         return "tool call 'name' is empty"
     if len(name) > MAX_NAME_CHARS:
@@ -214,20 +215,5 @@ def _shape_error(value: Any) -> str | None:
     if not name.isprintable() or any(c.isspace() for c in name):
         return f"tool call 'name' {quote_key(name)} contains whitespace or unprintable characters"
     if not isinstance(value["args"], dict):
-        return f"tool call 'args' must be an object, got {_kind(value['args'])}"
+        return f"tool call 'args' must be an object, got {a_json_type(value['args'])}"
     return None
-
-
-def _kind(value: Any) -> str:
-    """The JSON type name, which is what the model wrote and can fix."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):  # before int: bool is an int subclass
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"

@@ -9,8 +9,8 @@ and its content is hostile: it may try to close the envelope early, forge a new 
 rewritten so that it stays readable but no longer matches anything a parser, a tokenizer or a
 model would take for markup. Nothing is deleted.
 
-Detection runs on a *folded view* of the text, built character by character so that every
-folded character maps back to exactly one original character (or one escape):
+Detection runs on a *folded view* of the text (built in `_folding`), character by character so
+that every folded character maps back to exactly one original character (or one escape):
 
 - NFKC (fullwidth ``＜／ｕｎｔｒｕｓｔｅｄ＿ｉｎｐｕｔ＞`` becomes ASCII), with combining marks dropped
   (``≮`` is ``<`` plus a mark; ``<tóol_call>`` is ``<tool_call>``);
@@ -54,24 +54,19 @@ as BOS). So is ``<ToolCall>`` without a separator (``Vec<ToolCall>`` in SDK docs
 
 from __future__ import annotations
 
-import base64
-import codecs
-import html.entities
 import json
 import re
 import secrets as _secrets
-import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any
+
+from conclave.worker._folding import Folded, fold_char_spelled, folded_views
 
 __all__ = [
     "DEFANG_MARK",
     "find_live_markup",
-    "leaks",
     "neutralize",
-    "new_canary",
     "new_nonce",
     "wrap_refusal",
     "wrap_result",
@@ -81,158 +76,11 @@ DEFANG_MARK = "⚠"
 TRUNCATION_MARKER = "\n[conclave: result truncated — {full} bytes in full, first {kept} bytes shown]"
 
 _MAX_PASSES = 8
-_CANARY_PREFIX = "CANARY-"
-_LOOSE_MIN_CHARS = 12  # shorter secrets are only looked for as (disguised) copies
-_URLSAFE = str.maketrans("+/", "-_")
-_PIECE_MIN = 4  # a secret cut into pieces: each piece this long at least
-_PIECE_GAP = 24  # and at most this many letters and digits between two pieces
 _MAX_DETAIL_CHARS = 2048
 # Content far larger than the cut is trimmed before neutralization (which is linear but done in
 # Python); neutralizing a prefix is always safe, it only bounds the work.
 _PRECUT_FACTOR = 4
 _PRECUT_SLACK = 4096
-
-# --------------------------------------------------------------------------------------------
-# Folding
-# --------------------------------------------------------------------------------------------
-
-_LOOKALIKES: dict[str, str] = {
-    # angle brackets
-    **dict.fromkeys("‹〈〈⟨˂˱ᐸ❮❬❰⧼⦑≺", "<"),
-    **dict.fromkeys("›〉〉⟩˃˲ᐳ❯❭❱⧽⦒≻", ">"),
-    **dict.fromkeys("«⟪≪", "<<"),
-    **dict.fromkeys("»⟫≫", ">>"),
-    # square brackets (the [INST] family)
-    **dict.fromkeys("⁅⟦〚【〔❲〖⦋⦍⦏⟬", "["),
-    **dict.fromkeys("⁆⟧〛】〕❳〗⦌⦎⦐⟭", "]"),
-    # pipes of <|…|> tokens, slashes of closing tags
-    **dict.fromkeys("¦│┃∣ǀ❘⏐", "|"),
-    **dict.fromkeys("⁄∕⧸╱", "/"),
-    # Cyrillic and Greek letters that look Latin (`</untrusted_іnput>` with a Cyrillic і)
-    **dict(zip("аеорсухіјѕԁһӏ", "aeopcyxijsdhl", strict=True)),
-    **dict(zip("АВЕКМНОРСТХІЈЅ", "ABEKMHOPCTXIJS", strict=True)),
-    **dict(zip("οινΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "oivABEZHIKMNOPTYX", strict=True)),
-    **dict(zip("ıȷɑɡ", "ijag", strict=True)),
-}
-
-# Invisible characters that are not format (Cf) or combining (Mn/Me) characters.
-_EXTRA_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u180e\u2800")
-# Unicode tag characters U+E0020-U+E007E mirror printable ASCII invisibly ("ASCII smuggling"). They
-# are invisible, so they can split a token (`</untru<tag A>sted_input>`), and a model reads them, so
-# they can spell one (`<tag <><tag />...`): text holding any is matched in both views.
-_TAG_ASCII_FIRST, _TAG_ASCII_LAST = 0xE0020, 0xE007E
-_TAG_ASCII = re.compile("[\U000e0020-\U000e007e]")
-
-
-def _is_invisible(ch: str) -> bool:
-    return ch in _EXTRA_INVISIBLE or unicodedata.category(ch) in ("Cf", "Mn", "Me")
-
-
-@lru_cache(maxsize=8192)
-def _fold_char(ch: str) -> str:
-    """The folded form of one character: NFKC with combining marks and invisibles dropped
-    (`≮` is `<` plus a mark, so it folds to `<`), then look-alikes to ASCII."""
-    if ch.isascii():
-        return ch
-    bare = "".join(c for c in unicodedata.normalize("NFKD", ch) if not _is_invisible(c))
-    return "".join(_LOOKALIKES.get(c, c) for c in unicodedata.normalize("NFC", bare))
-
-
-def _fold_char_spelled(ch: str) -> str:
-    """`_fold_char`, except that a tag character folds to the ASCII character it mirrors."""
-    code = ord(ch)
-    return chr(code - 0xE0000) if _TAG_ASCII_FIRST <= code <= _TAG_ASCII_LAST else _fold_char(ch)
-
-
-# A character reference (`&lt;`, `&#60;`, `&#x3c;`, legacy `&lt`) or a backslash escape as JSON,
-# JavaScript or Python would write it (`\u003c`, `\x3c`, `\U0000003c`; Go's JSON encoder
-# writes `<` as `\u003c`; PHP's json_encode and many others write `/` as `\/`, so `</x>` arrives
-# as `<\/x>`). A run of backslashes is taken whole so that a JSON text stays valid.
-_ESCAPE = re.compile(
-    r"&(?:#[xX]([0-9a-fA-F]+);?|#([0-9]+);?|([A-Za-z][A-Za-z0-9]{0,31})(;?))"
-    r"|(?<!\\)\\+(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|U([0-9a-fA-F]{8})|(/))"
-)
-_HTML5 = html.entities.html5
-
-
-def _decode_escape(m: re.Match[str]) -> tuple[str, int] | None:
-    """Decoded text of the reference or escape at `m` and how many characters it spans."""
-    hex_digits, dec_digits, name, semi, u4, x2, u8, slash = m.groups()
-    if hex_digits is not None or dec_digits is not None:
-        # html.unescape applies the HTML5 rules for invalid, surrogate and out-of-range numbers.
-        return html.unescape(m.group(0)), len(m.group(0))
-    if name is not None:
-        if semi and name + ";" in _HTML5:
-            return _HTML5[name + ";"], len(m.group(0))
-        # Legacy references without a semicolon (`&lt`, `&amp`): the longest known prefix.
-        for k in range(len(name), 0, -1):
-            if name[:k] in _HTML5:
-                return _HTML5[name[:k]], 1 + k
-        return None
-    if slash is not None:
-        return "/", len(m.group(0))
-    code = int(u4 or x2 or u8, 16)
-    return (chr(code) if code <= 0x10FFFF else "\ufffd"), len(m.group(0))
-
-
-class _Folded:
-    """The folded view of a text, with each folded character's span in the original."""
-
-    __slots__ = ("ends", "starts", "text")
-
-    def __init__(self, text: str, *, spell_tags: bool = False) -> None:
-        fold = _fold_char_spelled if spell_tags else _fold_char
-        if text.isascii():
-            chars = text
-            starts = list(range(len(text)))
-            ends = list(range(1, len(text) + 1))
-        else:
-            parts: list[str] = []
-            starts = []
-            ends = []
-            for i, ch in enumerate(text):
-                f = fold(ch)
-                parts.append(f)
-                starts.extend([i] * len(f))
-                ends.extend([i + 1] * len(f))
-            chars = "".join(parts)
-        if "&" in chars or "\\" in chars:
-            chars, starts, ends = _decode_escapes(chars, starts, ends, fold)
-        self.text = chars
-        self.starts = starts
-        self.ends = ends
-
-    def span(self, start: int, end: int) -> tuple[int, int]:
-        """The original span of folded characters [start, end) (end > start)."""
-        return self.starts[start], self.ends[end - 1]
-
-
-def _decode_escapes(
-    chars: str, starts: list[int], ends: list[int], fold: Callable[[str], str]
-) -> tuple[str, list[int], list[int]]:
-    parts: list[str] = []
-    new_starts: list[int] = []
-    new_ends: list[int] = []
-    pos = 0
-    for m in _ESCAPE.finditer(chars):
-        decoded = _decode_escape(m)
-        if decoded is None:
-            continue
-        value, length = decoded
-        a, b = m.start(), m.start() + length
-        parts.append(chars[pos:a])
-        new_starts.extend(starts[pos:a])
-        new_ends.extend(ends[pos:a])
-        folded = "".join(fold(c) for c in value)
-        parts.append(folded)
-        new_starts.extend([starts[a]] * len(folded))
-        new_ends.extend([ends[b - 1]] * len(folded))
-        pos = b
-    parts.append(chars[pos:])
-    new_starts.extend(starts[pos:])
-    new_ends.extend(ends[pos:])
-    return "".join(parts), new_starts, new_ends
-
 
 # --------------------------------------------------------------------------------------------
 # Forbidden constructs (matched on the folded view, case-insensitively)
@@ -271,7 +119,7 @@ def _render(folded_match: str) -> str:
     return DEFANG_MARK + "".join(" " if c.isspace() or not c.isprintable() else c for c in text)
 
 
-def _matches(folded: _Folded) -> list[tuple[int, int, str]]:
+def _matches(folded: Folded) -> list[tuple[int, int, str]]:
     """(original start, original end, replacement) for each live construct, in order."""
     found: list[tuple[int, int, str]] = []
     for m in _FORBIDDEN.finditer(folded.text):
@@ -287,17 +135,9 @@ def _matches(folded: _Folded) -> list[tuple[int, int, str]]:
     return found
 
 
-def _views(text: str) -> list[_Folded]:
-    """The folded view, plus the view with tag characters spelled out when the text has any."""
-    views = [_Folded(text)]
-    if not text.isascii() and _TAG_ASCII.search(text):
-        views.append(_Folded(text, spell_tags=True))
-    return views
-
-
 def _all_matches(text: str) -> list[tuple[int, int, str]]:
     """`_matches` over every view of `text`, overlapping spans merged."""
-    views = _views(text)
+    views = folded_views(text)
     found = _matches(views[0])
     if len(views) == 1:
         return found
@@ -322,15 +162,10 @@ def new_nonce() -> str:
     return _secrets.token_hex(8)
 
 
-def new_canary() -> str:
-    """A random canary to plant in a session's worker system prompt."""
-    return _CANARY_PREFIX + _secrets.token_hex(8)
-
-
 def find_live_markup(text: str) -> list[str]:
     """Every forbidden construct still live in `text`, as the matched substrings of its folded view
     (then those that only the view with tag characters spelled out shows)."""
-    views = _views(text)
+    views = folded_views(text)
     found = [m.group(0) for m in _FORBIDDEN.finditer(views[0].text)]
     if len(views) > 1:
         unseen = Counter(found)
@@ -369,7 +204,7 @@ def _blunt(text: str) -> str:
     defanged."""
     out = []
     for ch in text:
-        folded = _fold_char_spelled(ch)
+        folded = fold_char_spelled(ch)
         if "<" in folded or "[" in folded:
             out.append("(")
         elif ">" in folded or "]" in folded:
@@ -462,115 +297,3 @@ def wrap_refusal(
         body.setdefault(str(key), value)
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str)
     return wrap_result(name, text, nonce=nonce)
-
-
-def _fold_for_leaks(text: str) -> str:
-    return _Folded(text).text.casefold()
-
-
-def _leak_views(text: str) -> list[str]:
-    return [view.text.casefold() for view in _views(text)]
-
-
-def _squeeze(folded: str) -> str:
-    """Letters and digits only, so a copy split by spaces, dots, line breaks or markup meets again."""
-    return "".join(c for c in folded if c.isalnum())
-
-
-def _cores(secret: str) -> list[str]:
-    """What a leak of `secret` must contain: the secret itself, and for a canary its random part
-    alone (a model told to "drop the CANARY- prefix" still leaks the secret)."""
-    if secret[: len(_CANARY_PREFIX)].upper() == _CANARY_PREFIX and len(secret) > len(_CANARY_PREFIX):
-        return [secret, secret[len(_CANARY_PREFIX) :]]
-    return [secret]
-
-
-def _in_pieces(key: str, text: str) -> bool:
-    """Whether `key` appears in `text` whole, or cut into pieces of at least _PIECE_MIN characters
-    that follow each other in order with at most _PIECE_GAP characters between them (a copy
-    spread over labelled lines: "part one: CANARY-0f / part two: 503837 / ...")."""
-    if key in text:
-        return True
-    n = len(key)
-    failed: set[tuple[int, int]] = set()  # (key index, text position) already explored in vain
-
-    def common(at: int, i: int) -> int:  # how far text[at:] and key[i:] agree
-        k = 0
-        while i + k < n and at + k < len(text) and text[at + k] == key[i + k]:
-            k += 1
-        return k
-
-    def rest(i: int, lo: int, hi: int) -> bool:
-        """Whether key[i:] follows in pieces, the first one starting in text[lo:hi]."""
-        if i == n:
-            return True
-        seed = key[i : i + _PIECE_MIN]
-        at = text.find(seed, lo, hi + len(seed))
-        while at != -1:
-            for j in range(i + common(at, i), i + _PIECE_MIN - 1, -1):  # longest piece first
-                if 0 < n - j < _PIECE_MIN:
-                    continue  # the leftover would be too short to be a piece of its own
-                end = at + j - i
-                if (j, end) in failed:
-                    continue
-                if rest(j, end, end + _PIECE_GAP):
-                    return True
-                failed.add((j, end))
-            at = text.find(seed, at + 1, hi + len(seed))
-        return False
-
-    return rest(0, 0, len(text))
-
-
-def _base64_forms(core: str) -> list[str]:
-    """The stretch of base64(anything + core + anything) that depends on `core` alone, for each of
-    the three byte alignments, in the standard and the URL-safe alphabet."""
-    data = core.encode("utf-8")
-    forms: list[str] = []
-    for pad in range(3):
-        encoded = base64.b64encode(bytes(pad) + data).decode("ascii")
-        first, end = -(-pad * 8 // 6), (pad + len(data)) * 8 // 6  # characters made of core bits only
-        forms += [encoded[first:end], encoded[first:end].translate(_URLSAFE)]
-    return forms
-
-
-def _leaked(secret: str, plain: str, folded: list[str], squeezed: list[str], compact: str) -> bool:
-    if secret.casefold() in plain or any(_fold_for_leaks(secret) in view for view in folded):
-        return True
-    for core in _cores(secret):
-        key = _squeeze(_fold_for_leaks(core))
-        if len(key) < _LOOSE_MIN_CHARS:  # too short to look for in loose forms without false alarms
-            continue
-        forms = (key[::-1], codecs.encode(key, "rot13"), core.encode("utf-8").hex())
-        for view in squeezed:
-            if _in_pieces(key, view) or any(form in view for form in forms):
-                return True
-        if any(form in compact for form in _base64_forms(core)):
-            return True
-    return False
-
-
-def leaks(answer: str, secrets: Iterable[str]) -> list[str]:
-    """The given canary/nonce strings that appear in `answer`, each once, in the order given.
-
-    Looked for case-insensitively in the answer and in its folded view (NFKC, invisible characters
-    stripped, tag characters, look-alikes and escapes folded), so a disguised copy counts. Secrets
-    of 12 characters or more (canaries and nonces are) are also found in the loose forms a
-    compromised model uses to slip them out: split by separators (`C A N A R Y - …`, markdown) or
-    cut into labelled pieces ("part one: …", one piece per line), a canary without its `CANARY-`
-    prefix, reversed, ROT13, hex (or percent-encoded) bytes, and base64 at any alignment, standard
-    or URL-safe, wrapped or not.
-    Detection stays best-effort: a model can always launder a secret further (spelling it in
-    words, say), which is why the canary is a tripwire and not a guarantee.
-    """
-    plain = answer.casefold()
-    folded = _leak_views(answer)
-    squeezed = [_squeeze(view) for view in folded]
-    compact = "".join(answer.split())
-    found: list[str] = []
-    for secret in secrets:
-        if not secret or secret in found:
-            continue
-        if _leaked(secret, plain, folded, squeezed, compact):
-            found.append(secret)
-    return found

@@ -45,8 +45,9 @@ from conclave.messages import CompletionRequest, Message
 from conclave.providers.scripted import ScriptedProvider
 from conclave.runtime import Runtime, open_runtime
 from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.worker.leaks import leaks, new_canary
 from conclave.worker.loop import WorkerLoop, WorkerOutcome, WorkerTurn
-from conclave.worker.untrusted import find_live_markup, leaks, neutralize, new_canary
+from conclave.worker.untrusted import find_live_markup, neutralize
 from tests.hardening.figures import record
 from tests.support import read_events
 
