@@ -1,4 +1,5 @@
-"""Conclave's benchmarks. `scripts/bench` (= `python -m bench`) runs the F6 suite:
+"""Conclave's benchmarks. `scripts/bench` (= `python -m bench`) runs the benchmark suite
+(what each part measures, and the current figures: docs/performance.md):
 
 - `suite.py`: the run: the panel, the interleaved cells, aggregation, the report, the targets;
 - `cell.py`: one (contender, operating point) measurement in a fresh process;
@@ -6,5 +7,7 @@
 - `common.py`: operating points, the panel's scripts, generated configs, statistics;
 - `panel.py`: the simulated panel in its own process, scripted over its control API;
 - `profile.py`: py-spy / pyinstrument profile of one cell, with Conclave's hot spots named;
-- `providers.py`: the F1 provider-layer figures (also part of the suite's report).
+- `providers.py`: the provider-layer figures (also part of the suite's report);
+- `instructions.py`, `gc_share.py`, `live_objects.py`: instructions per confer (callgrind), the
+  garbage collector's share by load, and objects alive per in-flight call.
 """

@@ -1,4 +1,4 @@
-"""`python -m bench`: the F6 benchmark suite (see `bench.suite`)."""
+"""`python -m bench`: the benchmark suite (see `bench.suite`)."""
 
 from bench.suite import main
 

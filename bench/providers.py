@@ -1,4 +1,4 @@
-"""F1 floor figures: the simulated panel's own maximum rate, and what Conclave's provider
+"""Provider-layer floor figures: the simulated panel's own maximum rate, and what Conclave's provider
 layer adds per call over a raw aiohttp request for the same body, for each wire kind.
 
 Run: .venv/bin/python -m bench.providers --calls 1000 --rounds 5  (`scripts/bench` runs it too,

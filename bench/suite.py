@@ -1,4 +1,4 @@
-"""F6 benchmark suite: Conclave against the physical limit (raw aiohttp) and against a litellm
+"""The benchmark suite: Conclave against the physical limit (raw aiohttp) and against a litellm
 fan-out, in one run, interleaved.
 
     scripts/bench [--quick] [--out PATH] [--reps N] [...]      (= .venv/bin/python -m bench)
@@ -13,9 +13,9 @@ Operating points: K=3 N=1 (sequential confers), K=5 N=100 and K=5 N=500 (N close
 workers in flight), coordinate 1 proposer + 2 critics + 1 synthesizer (ideal: 3 sequential
 calls), and a K=3 confer whose members each make one verify hop (ideal: 2 sequential calls).
 Also measured: the in-process verify hop, `conclave serve` start to the first tools/list
-reply, the cost of telemetry and transcripts (on/off), and the F1 provider-layer figures
-(`bench.providers`). A summary table checks the F6 targets. Times are reported, never
-asserted: a busy machine makes them noisy.
+reply, the cost of telemetry and transcripts (on/off), and the provider-layer figures
+(`bench.providers`). A summary table checks the performance targets (docs/performance.md).
+Times are reported, never asserted: a busy machine makes them noisy.
 """
 
 from __future__ import annotations
@@ -539,7 +539,7 @@ def print_extras(extras: dict[str, Any]) -> None:
 
 def print_targets(tgts: list[Target], contenders: Sequence[str]) -> list[dict[str, Any]]:
     shown = [c for c in CONCLAVE_CONTENDERS if c in contenders]
-    print("\n== F6 targets (medians of this run; PASS/MISS) ==")
+    print("\n== targets (medians of this run; PASS/MISS) ==")
     print(f"{'target':<52} " + " ".join(f"{c:>20}" for c in shown))
     rows = []
     for t in tgts:
@@ -627,7 +627,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--contenders", help=f"comma-separated subset of {','.join(CONTENDERS)}")
     parser.add_argument("--points", help="comma-separated subset of k3n1,k5n100,k5n500,coordinate,verify")
     parser.add_argument("--no-extras", action="store_true", help="skip verify hop, serve start-up, telemetry")
-    parser.add_argument("--no-provider-layer", action="store_true", help="skip the F1 provider-layer figures")
+    parser.add_argument("--no-provider-layer", action="store_true", help="skip the provider-layer figures")
     parser.add_argument("--keep-work", action="store_true", help="keep configs, logs and cell results")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
@@ -789,7 +789,7 @@ def print_report(
     extras: dict[str, Any],
 ) -> list[dict[str, Any]]:
     print(
-        f"Conclave F6 benchmark: simulated panel at {LATENCY_MS:.0f} ms in its own process; "
+        f"Conclave benchmark: simulated panel at {LATENCY_MS:.0f} ms in its own process; "
         f"{meta['reps']} interleaved repetition(s); each cell a fresh process; "
         "figures are medians [min-max over repetitions]."
     )
@@ -801,7 +801,7 @@ def print_report(
     if extras.get("provider_layer"):
         from bench.providers import report
 
-        print("\n== F1 provider layer (0 ms panel) ==")
+        print("\n== provider layer (0 ms panel) ==")
         report(extras["provider_layer"])
     rows = print_targets(targets(agg, rat, extras, {p.id: p for p in pts}), contenders)
     for note in meta["notes"]:
@@ -811,12 +811,12 @@ def print_report(
 
 
 def provider_layer(work: Path, *, quick: bool) -> dict[str, Any] | None:
-    """The F1 figures (`bench.providers`, its own 0 ms panel), in a subprocess."""
+    """The provider-layer figures (`bench.providers`, its own 0 ms panel), in a subprocess."""
     out = work / "provider-layer.json"
     counts = ["--calls", "30", "--rounds", "1", "--rate-requests", "300"] if quick else [
         "--calls", "200", "--rounds", "3", "--rate-requests", "3000"
     ]  # fmt: skip
-    log("provider layer (F1, 0 ms panel) ...")
+    log("provider layer (0 ms panel) ...")
     try:
         subprocess.run(
             [sys.executable, "-m", "bench.providers", *counts, "--json", str(out)],
