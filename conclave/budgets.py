@@ -1,7 +1,7 @@
 """Budgets as value objects: each `check_*` raises an error naming the limit and what was used.
 
 The egress budget bounds what one session may pull from the network through `fetch`;
-the worker loop's hop and cost budgets join it here (F3).
+the worker loop's hop and cost budgets live here too.
 """
 
 from __future__ import annotations

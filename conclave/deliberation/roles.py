@@ -20,6 +20,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Literal, get_args
 
+from conclave.jsonshape import a_json_type
 from conclave.schemas import first_error, json_path, load_schema
 from conclave.strictjson import StrictJSONError, strict_decoder
 from conclave.worker.untrusted import neutralize
@@ -39,7 +40,6 @@ _FENCE = re.compile(r"```(?:json)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECAS
 # Line breaks json.dumps(ensure_ascii=False) leaves raw; escaped so a string can never start a line
 # (and so never close the fence it sits in).
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
 
 
 class _EnvelopeError(Exception):
@@ -259,7 +259,7 @@ def _embedded_objects(text: str, syntax: list[str]) -> list[dict[str, Any]]:
 def _require_object(value: Any, where: str) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
-    kind = "null" if value is None else _JSON_KINDS.get(type(value), "not an object")
+    kind = a_json_type(value)
     raise _EnvelopeError(f"{where} is {kind}, not a JSON object: reply with one JSON object")
 
 

@@ -32,8 +32,8 @@ from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
 from conclave.telemetry import session as bind_session
 from conclave.worker.hint import tool_hint, with_hint
+from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
-from conclave.worker.untrusted import new_canary
 
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 Result = TypeVar("Result", ConferResult, CoordinateResult)

@@ -2,10 +2,10 @@
 linked into place on Linux, else a temporary file in the same directory renamed; optional
 fsync), so a crash mid-write never leaves a partial file behind.
 
-Without fsync a transcript is written where the call ends: the write goes to the page cache
-(tens of microseconds), and the F6 benchmark measured it cheaper than handing it to a thread,
-whose GIL hand-offs slowed the event loop more than the write itself. With fsync on, a call
-would wait for the disk, so one background thread writes instead and calls return at once.
+Without fsync a transcript is written where the call ends: the write only reaches the page
+cache, and handing it to a thread slowed the event loop more than the write itself (see
+docs/performance.md). With fsync on, a call would wait for the disk, so one background thread
+writes instead and calls return at once.
 Either way the payload is serialized and redacted at submit, so later changes to the result
 cannot reach the file; closing the writer drains the queue.
 """
@@ -42,10 +42,7 @@ class TranscriptWriter:
 
     def submit(self, session_id: str, tool: str, payload: Mapping[str, Any]) -> str:
         """Write (or, with fsync, queue) `<dir>/<YYYY-MM-DD>/<session>-<tool>-<time>-<n>.json`;
-        returns its path.
-
-        The path is built as a string from a timestamp formatted once per second: two
-        `strftime` calls and `pathlib` joins cost more than the file's own system calls."""
+        returns its path. The timestamp is formatted once per second and reused."""
         stamp = self._stamp()  # 2026-11-24T00:07:40.319781+00:00
         time_of_day = stamp[11:13] + stamp[14:16] + stamp[17:19] + stamp[20:26]
         name = f"{session_id}-{tool}-{time_of_day}-{next(self._sequence):04d}.json"
@@ -104,8 +101,8 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
 
 
 # Linux can write a file with no name (O_TMPFILE) and give it one when whole (linkat via
-# /proc/self/fd): one directory change instead of two (create a temporary, rename it), which
-# took a transcript on ext4 from ~90-125 to ~45-85 us here, and still all or nothing.
+# /proc/self/fd): one directory change instead of two (create a temporary, rename it), and
+# still all or nothing.
 _UNNAMED_FILES = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 _UNNAMED_FILE_FLAGS = getattr(os, "O_TMPFILE", 0) | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 # What opening an unnamed file says where the filesystem or an older kernel has none.

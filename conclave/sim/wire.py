@@ -141,8 +141,8 @@ def _require_list(
 ) -> list[dict[str, Any]]:
     """A non-empty list of objects under `key` (messages or contents).
 
-    The errors come from factories: building them (an exception each) for every valid
-    request was a measurable share of the panel's CPU when it serves a benchmark.
+    The errors come from factories, so a valid request builds no exception: the panel serves
+    benchmarks on the same cores as what they measure.
     """
     items = body.get(key)
     if not isinstance(items, list):
