@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from conclave.deliberation.answers import timed_out
-from conclave.deliberation.plan import TurnShape, planned_call, summarize
+from conclave.deliberation.plan import summarize
 from conclave.deliberation.results import Answer, ConferResult, DegradedReason, Totals
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
 from conclave.errors import InvalidArguments
@@ -78,18 +78,13 @@ class _Confer:
         )
 
     def plan(self) -> ConferResult:
-        session, settings = self.session, self.session.runtime.config.worker_tools
+        session = self.session
         system = session.hinted(self.system, session.tools.accepted)
         prompt = "".join(m.content for m in self.messages) + (system or "")
-        shape = TurnShape(
-            len(prompt.encode("utf-8")),
-            session.max_tokens,
-            session.tools_on,
-            settings.hop_budget,
-            settings.result_max_bytes,
+        shape = session.turn_shape(len(prompt.encode("utf-8")), tools_on=session.tools_on)
+        return self._result(
+            [], plan=summarize([session.planned_call(name, shape) for name in self.providers])
         )
-        calls = [planned_call(session.runtime.config, name, shape) for name in self.providers]
-        return self._result([], plan=summarize(calls))
 
     def transcript(self, result: ConferResult) -> dict[str, Any]:
         return {"hops": {a.provider: list(a.exchanges) for a in result.answers}}

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from conclave.deliberation.answers import timed_out
-from conclave.deliberation.plan import TurnShape, planned_call, summarize
+from conclave.deliberation.plan import summarize
 from conclave.deliberation.results import (
     Answer,
     CoordinateResult,
@@ -269,33 +269,9 @@ class _Debate:
     # -- dry run, transcript, tally --------------------------------------------------------------------
 
     def plan(self) -> CoordinateResult:
-        session, settings = self.session, self.session.runtime.config.worker_tools
-        embedded = (1 + len(self.cast.critics)) * session.max_tokens * 2  # earlier outputs quoted, escaped
-        base = len((self.task + (self.context or "")).encode("utf-8")) + embedded
-        calls = []
-        casting: tuple[tuple[Role, tuple[str, ...], int], ...] = (
-            ("proposer", (self.cast.proposer,), self.rounds),
-            ("critic", self.cast.critics, self.rounds),
-            ("synthesizer", self.cast.synthesizers, 1),
-        )
-        for role, names, repeats in casting:
-            tools = session.tools.accepted if role in TOOL_ROLES else ()
-            system = session.hinted(role_system(role), tools) or ""
-            shape = TurnShape(
-                base + len(system.encode("utf-8")) + 2 * session.max_tokens,
-                session.max_tokens,
-                bool(tools),
-                settings.hop_budget,
-                settings.result_max_bytes,
-            )
-            # every turn may need its re-prompt: twice the calls
-            calls += [
-                planned_call(session.runtime.config, name, shape, repeats=2 * repeats, role=role)
-                for name in names
-            ]
         note = "synthesizer fallbacks are counted as if every one were tried"
         return CoordinateResult(
-            session_id=session.id,
+            session_id=self.session.id,
             degraded=False,
             degraded_reasons=(),
             rounds=(),
@@ -304,11 +280,30 @@ class _Debate:
             synthesis=None,
             usage=Totals.of([]).usage,
             per_role=self._per_role(),
-            latency_ms=session.elapsed_ms(),
+            latency_ms=self.session.elapsed_ms(),
             warnings=(),
             worker_tools=self._tool_use(),
-            plan=summarize(calls, rounds=self.rounds, note=note),
+            plan=summarize(self._planned_calls(), rounds=self.rounds, note=note),
         )
+
+    def _planned_calls(self) -> list[dict[str, Any]]:
+        """Every role's calls at their largest: each turn re-prompted, each prompt quoting every
+        earlier output in full."""
+        session = self.session
+        embedded = (1 + len(self.cast.critics)) * session.max_tokens * 2  # earlier outputs quoted, escaped
+        base = len((self.task + (self.context or "")).encode("utf-8")) + embedded + 2 * session.max_tokens
+        casting: tuple[tuple[Role, tuple[str, ...], int], ...] = (
+            ("proposer", (self.cast.proposer,), self.rounds),
+            ("critic", self.cast.critics, self.rounds),
+            ("synthesizer", self.cast.synthesizers, 1),
+        )
+        calls = []
+        for role, names, repeats in casting:
+            tools = session.tools.accepted if role in TOOL_ROLES else ()
+            system = session.hinted(role_system(role), tools) or ""
+            shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
+            calls += [session.planned_call(name, shape, repeats=2 * repeats, role=role) for name in names]
+        return calls
 
     def transcript(self, result: CoordinateResult) -> dict[str, Any]:
         hops = [

@@ -21,6 +21,7 @@ import anyio
 
 from conclave.budgets import CostCap, CostCapReport, combined
 from conclave.deliberation.answers import answer_from, unknown_provider
+from conclave.deliberation.plan import TurnShape, planned_call
 from conclave.deliberation.results import (
     Answer,
     ConferResult,
@@ -126,6 +127,16 @@ class Session:
         settings = self.runtime.config.worker_tools
         hint = tool_hint(self.runtime.tools, tools, hop_budget=settings.hop_budget, canary=self.canary)
         return with_hint(system, hint)
+
+    def turn_shape(self, prompt_bytes: int, *, tools_on: bool) -> TurnShape:
+        """The size of one planned turn of this call, for a dry run's bounds."""
+        settings = self.runtime.config.worker_tools
+        return TurnShape(
+            prompt_bytes, self.max_tokens, tools_on, settings.hop_budget, settings.result_max_bytes
+        )
+
+    def planned_call(self, name: str, shape: TurnShape, **options: Any) -> dict[str, Any]:
+        return planned_call(self.runtime.config, name, shape, **options)
 
     async def report(self, **fields: Any) -> None:
         if self.progress is not None:
