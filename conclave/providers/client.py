@@ -242,6 +242,7 @@ class ProviderClient:
             fields.update(
                 status="ok",
                 finish_reason=completion.finish_reason,
+                text=completion.text,  # content: telemetry drops it unless include_content is on
                 reported_model=completion.model,
                 request_id=completion.request_id,
                 usage=completion.usage.to_dict(),
