@@ -2,13 +2,13 @@
 
 Everything speaks httpx's API (`httpx.Request` / `httpx.Response`, `MockTransport` in tests),
 over aiohttp underneath: httpx's own connection pool collapses under hundreds of concurrent
-requests on a small machine (issue F1/F6 figures), aiohttp does not.
+requests on a small machine, aiohttp does not.
 
 - `make_http_client` builds the shared client (fetch uses it: it streams bodies so its byte
   caps hold, via the `httpx-aiohttp` transport, opened on the first request).
 - `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
   headers to aiohttp as plain tuples and returns a read response, skipping the per-request
-  conversions and stream wrappers a general transport needs (the F6 profile's top cost). The
+  conversions and stream wrappers a general transport needs. The
   response headers it returns are the mapping aiohttp's parser already built, looked up
   without regard to case: a provider sends 20-odd headers and the client reads two or three.
 """
@@ -48,8 +48,8 @@ def make_http_client(
 
 class _FetchTransport(httpx.AsyncBaseTransport):
     """The `httpx-aiohttp` streaming transport, imported and built on the first request: many
-    processes never fetch, and the package with the TLS context it loads at construction was
-    ~1 MB resident in every process (the F6 peak-memory target counts it)."""
+    processes never fetch, and the package with the TLS context it loads at construction would
+    otherwise stay resident in every process."""
 
     def __init__(self, limits: httpx.Limits) -> None:
         self._limits = limits
