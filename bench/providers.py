@@ -73,10 +73,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 pool.get(name).entry.kind: pool.get(name) for name in config.providers
             }
 
-            # What each kind's raw call sends: the adapter's target and its encoded body.
+            # What each kind's raw call sends: the adapter's endpoint and its encoded body.
             sent = {
                 k: (
-                    ADAPTERS[k].target(clients[k].entry, None),
+                    ADAPTERS[k].endpoint(clients[k].entry, None),
                     orjson.dumps(ADAPTERS[k].body(REQUEST, clients[k].entry)),
                 )
                 for k in KINDS

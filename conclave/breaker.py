@@ -10,7 +10,7 @@ from typing import Literal
 from conclave.errors import BreakerOpen
 
 BreakerState = Literal["closed", "open", "half_open"]
-Clock = Callable[[], float]
+Clock = Callable[[], float]  # monotonic seconds: `time.monotonic`, or a test's fake
 Listener = Callable[[str, BreakerState, int], None]
 
 

@@ -3,9 +3,8 @@
 CPython's default thresholds suit short scripts, not a server holding hundreds of calls in
 flight: a young collection runs every 700 allocations, each call's objects live for the whole
 provider round trip, so nearly all of them survive into the oldest generation, and full
-collections (which walk every object, the imported modules' included) come every few hundred
-calls. The F6 benchmark measured the collector at over a third of the server's CPU at
-K=5, N=500.
+collections (which walk every object, the imported modules' included) come often: under load
+the collector takes a large share of the server's CPU.
 
 So, once start-up is done, `serving_gc()`:
 - freezes what start-up built (modules, schemas, compiled validators): full collections no
@@ -13,7 +12,7 @@ So, once start-up is done, `serving_gc()`:
 - raises the young-generation threshold, so a call's objects usually die (by reference
   counting, at no cost to the collector) before the collector ever looks at them.
 
-Reference cycles are still collected, only later: memory grows by at most a few megabytes.
+Reference cycles are still collected, only later: memory grows a little.
 The Python API leaves the host process's collector alone; a host that wants the same can
 call `serving_gc()` itself.
 """

@@ -2,13 +2,13 @@
 
 Everything speaks httpx's API (`httpx.Request` / `httpx.Response`, `MockTransport` in tests),
 over aiohttp underneath: httpx's own connection pool collapses under hundreds of concurrent
-requests on a small machine (issue F1/F6 figures), aiohttp does not.
+requests on a small machine, aiohttp does not.
 
 - `make_http_client` builds the shared client (fetch uses it: it streams bodies so its byte
   caps hold, via the `httpx-aiohttp` transport, opened on the first request).
 - `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
   headers to aiohttp as plain tuples and returns a read response, skipping the per-request
-  conversions and stream wrappers a general transport needs (the F6 profile's top cost). The
+  conversions and stream wrappers a general transport needs. The
   response headers it returns are the mapping aiohttp's parser already built, looked up
   without regard to case: a provider sends 20-odd headers and the client reads two or three.
 """
@@ -48,8 +48,8 @@ def make_http_client(
 
 class _FetchTransport(httpx.AsyncBaseTransport):
     """The `httpx-aiohttp` streaming transport, imported and built on the first request: many
-    processes never fetch, and the package with the TLS context it loads at construction was
-    ~1 MB resident in every process (the F6 peak-memory target counts it)."""
+    processes never fetch, and the package with the TLS context it loads at construction would
+    otherwise stay resident in every process."""
 
     def __init__(self, limits: httpx.Limits) -> None:
         self._limits = limits
@@ -91,28 +91,19 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         headers: Mapping[str, str] | Sequence[tuple[str, str]],
         body: bytes,
         *,
-        total: float | None = None,
         connect: float | None = None,
         read: float | None = None,
         server_hostname: str | None = None,
     ) -> tuple[int, ResponseHeaders, bytes]:
         """Send one request and read the whole answer: (status, headers, body).
 
-        The provider client calls this directly, with plain values: no `httpx.Request` or
-        `Response` is built. `total` bounds the whole exchange on aiohttp's own timer, so the
-        caller needs no cancel scope; when it runs out, a bare `TimeoutError` is raised.
-        Transport failures raise the httpx exceptions `classify_transport_error` reads.
+        The provider client calls this directly, with plain values, inside its own cancel scope
+        (the call's deadline): no `httpx.Request` or `Response` is built. `connect` and `read`
+        are socket timers. Transport failures raise the httpx exceptions
+        `classify_transport_error` reads.
         """
         session = self._session or self._open()
-        if total is None:
-            timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
-        else:  # the caller's deadline: no rounding up (aiohttp's default for timers past 5 s)
-            timeout = aiohttp.ClientTimeout(
-                total=total,
-                sock_connect=min(total, connect or 10.0),
-                sock_read=read,
-                ceil_threshold=total + 1.0,
-            )
+        timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
         try:
             async with session.request(
                 method,
@@ -125,7 +116,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
                 server_hostname=server_hostname,
             ) as response:
                 return response.status, response.headers, await response.read()
-        except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read), not `total`
+        except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read)
             raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
         except aiohttp.ClientConnectorError as exc:
             raise httpx.ConnectError(str(exc)) from exc
@@ -146,7 +137,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
                 read=timeouts.get("read"),
                 server_hostname=request.extensions.get("sni_hostname"),
             )
-        except TimeoutError as exc:  # no `total` here, so only a socket timer fires
+        except TimeoutError as exc:  # a socket timer aiohttp did not wrap
             raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
         except httpx.TransportError as exc:
             exc.request = request

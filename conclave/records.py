@@ -2,9 +2,8 @@
 
 A record is a frozen dataclass to the type checker and a plain slotted dataclass at run time.
 A frozen dataclass's `__init__` stores each field through `object.__setattr__`, a C call with
-its own argument parsing per field: callgrind counted that at about 11 % of a K=5 `confer`
-(3.09 M -> 2.73 M instructions, `bench.instructions --via api`), for nine small records a
-call. Here each field is one slot store.
+its own argument parsing per field, and a provider call makes several small records. Here
+each field is one slot store.
 
 Nothing is lost that the build checks: `mypy --strict` (CI) reads `frozen_default` and
 rejects any assignment to a record's field, as it does for `frozen=True`. Records stay

@@ -40,9 +40,8 @@ class _NdjsonSink:
     `conclave tail --follow` lags by a fraction of a second at most while calls are running.
     Each write holds whole lines only, so concurrent writers never interleave inside a line.
 
-    Secrets are redacted from each batch as it goes out, not from each line: the scans cost
-    about as much per call as per byte on lines this short, so one scan of a session's seven
-    lines took half the instructions of seven. Nothing reads a line before its batch is
+    Secrets are redacted from each batch as it goes out, not from each line: on lines this short
+    a scan costs as much per call as per byte. Nothing reads a line before its batch is
     written, and no redaction pattern can match across lines (each ends in `}`).
     """
 
@@ -87,8 +86,8 @@ class _NdjsonSink:
 
 class UtcStamp:
     """ISO-8601 UTC timestamps with microseconds, as `datetime.now(UTC).isoformat(timespec=
-    "microseconds")` writes them; the date and time of day are formatted once per second
-    (a datetime per event was a quarter of the event's cost)."""
+    "microseconds")` writes them; the date and time of day are formatted once per second,
+    since a datetime per event weighed on every event."""
 
     __slots__ = ("_clock_ns", "_second")
 

@@ -14,7 +14,7 @@ import pytest
 from conclave.config import Config
 from conclave.errors import MissingApiKey
 from conclave.messages import CompletionRequest, Message
-from conclave.providers.base import Target
+from conclave.providers.base import Endpoint
 from conclave.providers.client import _Outgoing
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
@@ -180,17 +180,17 @@ async def test_provider_without_key_variable_sends_no_auth_header(make_config: C
 
 
 def test_a_waiting_request_body_holds_only_its_own_bytes() -> None:
-    """The encoded body stays alive for the whole provider call: orjson's own result keeps
-    about 4 KiB however short the JSON, which at 2,500 calls in flight was ~9 MB."""
-    target = Target("http://127.0.0.1:9/v1/chat/completions", {})
+    """The encoded body stays alive for the whole provider call: orjson's own result keeps its
+    whole output buffer however short the JSON, and thousands of calls may be waiting."""
+    endpoint = Endpoint("http://127.0.0.1:9/v1/chat/completions", {})
     body = {"model": "m", "messages": []}
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        kept = [_Outgoing.encode(target, body) for _ in range(200)]
+        kept = [_Outgoing.encode(endpoint, body) for _ in range(200)]
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
 
     assert kept[0].content == orjson.dumps(body)
-    assert held < 200 * 1024  # well under 1 KiB a request (4 KiB each before)
+    assert held < 200 * 1024  # well under 1 KiB a request: not orjson's whole buffer

@@ -1,15 +1,22 @@
-"""The event log's own mechanics: timestamps, redaction of serialized lines, what is written."""
+"""The event log's own mechanics (timestamps, redaction of serialized lines, what is written), and
+what a confer writes to it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 import pytest
 
-from conclave.redact import Redactor
+from conclave.config import Config
+from conclave.deliberation.confer import confer
+from conclave.redact import REDACTED, Redactor
+from conclave.runtime import open_runtime
+from conclave.sim import Reply, Scenario, SimPanel
 from conclave.telemetry import Telemetry, UtcStamp, session
+from tests.support import read_events
 
 SECRET = "configured-0123456789-secret"  # no credential shape: only the configured value can catch it
 
@@ -156,3 +163,35 @@ def test_a_credential_shape_in_any_case_of_its_trigger_is_masked(shape: str, cre
     assert credential not in redacted["error"]
     assert "[REDACTED]" in redacted["error"]
     assert redacted["error"].endswith("(end)")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("include_content", [True, False])
+async def test_an_answer_is_on_its_provider_call_event_redacted_only_when_content_is_included(
+    make_config: Callable[..., Config], events_path: Path, tmp_path: Path, include_content: bool
+) -> None:
+    answer = f"Option 2. (The key I was sent: {SECRET}.)"
+    async with SimPanel() as panel:
+        panel.set_scenario("m-a", Scenario(replies=(Reply(text=answer),)))
+        entry = {
+            "kind": "openai",
+            "model": "m-a",
+            "base_url": panel.base_url("openai"),
+            "api_key_env": "A_KEY",
+        }
+        config = make_config(
+            {"a": entry},
+            env={"A_KEY": SECRET},
+            telemetry={"path": str(events_path), "include_content": include_content},
+            transcripts={"dir": str(tmp_path / "transcripts")},
+        )
+        async with open_runtime(config) as rt:
+            result = await confer(rt, {"question": "Which option?"})
+
+    assert result["answers"][0]["text"] == answer
+    (call,) = [e for e in read_events(events_path) if e["event"] == "provider_call"]
+    if include_content:
+        assert call["text"] == f"Option 2. (The key I was sent: {REDACTED}.)"
+    else:
+        assert "text" not in call
+    assert SECRET not in events_path.read_text()

@@ -10,10 +10,10 @@ from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
+    Endpoint,
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    Target,
     as_int,
     bare_model,
     header_text,
@@ -35,11 +35,11 @@ _FINISH = {
 class AnthropicAdapter:
     kind: ClassVar[str] = "anthropic"
 
-    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+    def endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
         headers = {**JSON_HEADERS, "anthropic-version": API_VERSION, **entry.headers}
         if key:
             headers["x-api-key"] = key
-        return Target(f"{entry.base_url}/v1/messages", headers)
+        return Endpoint(f"{entry.base_url}/v1/messages", headers)
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -30,7 +30,7 @@ JSON_HEADERS: Mapping[str, str] = {
 
 
 @record
-class Target:
+class Endpoint:
     """Where a provider's calls go and the headers they carry: the same for every call, so a
     client builds it once (not a URL, a header dict and an auth string per call, each alive for
     the whole round trip)."""
@@ -66,7 +66,7 @@ class Adapter(Protocol):
 
     kind: ClassVar[str]
 
-    def target(self, entry: ProviderConfig, key: str | None) -> Target: ...
+    def endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint: ...
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]: ...
 

@@ -10,13 +10,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import httpx
 import orjson
+from tenacity import AsyncRetrying, RetryCallState, stop_never
 
-from conclave.breaker import CircuitBreaker
+from conclave.breaker import CircuitBreaker, Clock
 from conclave.config import ProviderConfig, RetryConfig
 from conclave.errors import (
     DeadlineExceeded,
@@ -30,24 +31,20 @@ from conclave.errors import (
 )
 from conclave.http import ProviderTransport, classify_transport_error
 from conclave.messages import Completion, CompletionRequest
-from conclave.providers.base import Adapter, Headers, ParsedCompletion, Target, status_error
+from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.records import record
 from conclave.telemetry import Telemetry
 
-if TYPE_CHECKING:
-    from tenacity import RetryCallState
-
-Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 
 class ProviderClient:
     """`complete()` is the one method callers use; everything below it is the retry layer.
 
-    Deadlines are `time.monotonic()` instants, the clock anyio's asyncio backend runs on
-    (`anyio.current_time()` looks the backend up on every call: measurable on this path).
+    Deadlines are `time.monotonic()` instants, the clock anyio's asyncio backend runs on, read
+    directly rather than through `anyio.current_time()`'s backend lookup.
     """
 
     def __init__(
@@ -73,7 +70,7 @@ class ProviderClient:
         # them itself; any other transport (tests' MockTransport) gets an `httpx.Request`.
         self._direct = transport if isinstance(transport, ProviderTransport) else None
         self._key = api_key
-        self._target = adapter.target(entry, api_key)
+        self._endpoint = adapter.endpoint(entry, api_key)
         self._retry = retry
         self._telemetry = telemetry
         self._limiter = limiter
@@ -88,51 +85,24 @@ class ProviderClient:
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
         started = self._clock()
-        policy: _CallRetryPolicy | None = None  # made on a first failure: most calls need none
+        retries = _CallRetries(self, deadline)
         try:
             self._require_key()
             self.breaker.check()
-            wire = _Outgoing.encode(self._target, self.adapter.body(request, self.entry))
-            try:
-                parsed = await self._attempt(wire, deadline)
-            except ProviderError as exc:
-                policy = _CallRetryPolicy(self, deadline)
-                parsed = await self._retries(wire, deadline, policy, exc)
+            wire = _Outgoing.encode(self._endpoint, self.adapter.body(request, self.entry))
+            parsed = await retries.run(self._attempt, wire, deadline)
         except ProviderError as exc:
-            final, attempts = (policy.give_up(exc), policy.attempts) if policy else (exc, 0)
+            final = retries.give_up(exc)
             final.provider = self.name
             self._settle_breaker(final)
-            self._emit_call(started, attempts, error=final)
+            self._emit_call(started, retries.attempts, error=final)
             if final is exc:
                 raise
             raise final from exc
         self.breaker.record_success()
-        attempts = policy.attempts if policy else 1
-        completion = self._finish(parsed, started, attempts)
-        self._emit_call(started, attempts, completion=completion)
+        completion = self._finish(parsed, started, retries.attempts)
+        self._emit_call(started, retries.attempts, completion=completion)
         return completion
-
-    async def _retries(
-        self, wire: _Outgoing, deadline: float, policy: _CallRetryPolicy, first: ProviderError
-    ) -> ParsedCompletion:
-        """After a failed first attempt: tenacity drives the retries `decide` allows."""
-        # Imported here: most processes never retry, and the module is ~0.5 MB resident.
-        from tenacity import AsyncRetrying, stop_never
-
-        if not policy.judge(first, attempt=1):
-            raise first
-        policy.report(first, attempt=1)
-        await self._sleep(policy.delay)
-        retrying = AsyncRetrying(
-            retry=policy.should_retry,
-            wait=policy.wait,
-            stop=stop_never,
-            sleep=self._sleep,
-            before_sleep=policy.announce,
-            reraise=True,
-        )
-        parsed: ParsedCompletion = await retrying(self._attempt, wire, deadline)
-        return parsed
 
     def _require_key(self) -> None:
         env = self.entry.api_key_env
@@ -144,45 +114,20 @@ class ProviderClient:
             )
 
     async def _attempt(self, wire: _Outgoing, deadline: float) -> ParsedCompletion:
-        """One HTTP exchange within the attempt's budget, slot wait included.
-
-        The common case, a free slot on the direct transport, runs without a cancel scope: the
-        transport's own timer bounds the exchange. (A scope per call, and each coroutine layer
-        a call stays suspended in, were measurable costs on this path in the F6 profile.)
-        """
+        """One HTTP exchange within the attempt's budget, the wait for a slot included."""
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise DeadlineExceeded("deadline reached before the provider answered", provider=self.name)
         budget = min(remaining, self._retry.attempt_timeout_seconds)
-        try:
-            if self._direct is not None and self._slot_free():
-                try:
-                    status, headers, body = await self._post(wire, budget)
-                finally:
-                    self._limiter.release()
-            else:
-                with anyio.fail_after(budget):
-                    await self._limiter.acquire()
-                    try:
-                        status, headers, body = await self._post(wire, budget)
-                    finally:
-                        self._limiter.release()
-        except TimeoutError as exc:
-            if budget < remaining:
-                raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name) from exc
-            raise DeadlineExceeded(
-                f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise self._transport_failure(exc) from exc
-        return self._read(status, headers, body)
-
-    def _slot_free(self) -> bool:
-        try:
-            self._limiter.acquire_nowait()
-        except anyio.WouldBlock:
-            return False
-        return True
+        with anyio.move_on_after(budget):
+            async with self._limiter:
+                status, headers, body = await self._post(wire, budget)
+            return self._read(status, headers, body)
+        if budget < remaining:
+            raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name)
+        raise DeadlineExceeded(
+            f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
+        )
 
     def _transport_failure(self, exc: httpx.HTTPError) -> ProviderError:
         failure = classify_transport_error(exc)
@@ -192,23 +137,32 @@ class ProviderClient:
         what = "connection dropped" if failure == "connection_dropped" else "cannot connect"
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=failure)
 
-    def _post(self, wire: _Outgoing, seconds: float) -> Awaitable[tuple[int, Headers, bytes]]:
-        """The exchange to await. A plain function, so no coroutine layer of its own stays
-        suspended for the whole round trip."""
-        if self._direct is not None:
-            return self._direct.exchange("POST", wire.url, wire.headers, wire.content, total=seconds)
-        return self._post_httpx(wire, seconds)
+    async def _post(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
+        """Through the production transport with plain values, or through httpx's transport seam
+        (tests' MockTransport): either way straight on the transport, since provider calls need
+        none of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
+        try:
+            if self._direct is not None:
+                return await self._direct.exchange(
+                    "POST", wire.url, wire.headers, wire.content, connect=_connect_timeout(seconds)
+                )
+            return await self._post_httpx(wire, seconds)
+        except httpx.HTTPError as exc:
+            raise self._transport_failure(exc) from exc
 
     async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
-        """Through httpx's transport seam, straight on the transport: provider calls need none
-        of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
         request = httpx.Request(
             "POST",
             _parsed_url(wire.url),
             headers=wire.headers,
             content=wire.content,
             extensions={
-                "timeout": {"connect": min(seconds, 10.0), "read": seconds, "write": seconds, "pool": seconds}
+                "timeout": {
+                    "connect": _connect_timeout(seconds),
+                    "read": seconds,
+                    "write": seconds,
+                    "pool": seconds,
+                }
             },
         )
         response = await self._transport.handle_async_request(request)
@@ -288,6 +242,7 @@ class ProviderClient:
             fields.update(
                 status="ok",
                 finish_reason=completion.finish_reason,
+                text=completion.text,  # content: telemetry drops it unless include_content is on
                 reported_model=completion.model,
                 request_id=completion.request_id,
                 usage=completion.usage.to_dict(),
@@ -316,64 +271,63 @@ class _Outgoing:
     content: bytes
 
     @classmethod
-    def encode(cls, target: Target, body: Mapping[str, Any]) -> _Outgoing:
-        # orjson returns its whole output buffer (about 4 KiB for a 200-byte body) and the body
-        # waits with the call: an exact-size copy is ~9 MB less with 2,500 calls in flight.
-        return cls(target.url, target.headers, bytes(memoryview(orjson.dumps(body))))
+    def encode(cls, endpoint: Endpoint, body: Mapping[str, Any]) -> _Outgoing:
+        # orjson's result keeps its whole output buffer, and the body waits with the call: keep
+        # an exact-size copy instead.
+        return cls(endpoint.url, endpoint.headers, bytes(memoryview(orjson.dumps(body))))
 
 
-class _CallRetryPolicy:
-    """tenacity's hooks for one call: `decide` judges each failure against the deadline,
-    and the last verdict explains why Conclave stopped asking."""
+class _CallRetries:
+    """One call's attempts, every one run by tenacity: `decide` judges each failure against the
+    deadline, and the last verdict explains why Conclave stopped asking."""
 
     __slots__ = ("_client", "_deadline", "attempts", "decision")
 
     def __init__(self, client: ProviderClient, deadline: float) -> None:
         self._client = client
         self._deadline = deadline
-        self.attempts = 1  # made when the first attempt has failed
+        self.attempts = 0
         self.decision: RetryDecision | None = None
 
-    FIRST_ATTEMPTS_OUTSIDE = 1  # attempts made before tenacity took over
+    async def run(self, attempt: Callable[..., Awaitable[ParsedCompletion]], *args: Any) -> ParsedCompletion:
+        retrying = AsyncRetrying(
+            retry=self._should_retry,
+            wait=self._wait,
+            stop=stop_never,  # `decide` counts the attempts
+            sleep=self._client._sleep,
+            before_sleep=self._announce,
+            reraise=True,
+        )
+        parsed: ParsedCompletion = await retrying(attempt, *args)
+        return parsed
 
-    def judge(self, exc: BaseException, *, attempt: int) -> bool:
+    def _should_retry(self, state: RetryCallState) -> bool:
+        self.attempts = state.attempt_number
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is None:
+            return False
         client = self._client
-        self.attempts = attempt
         self.decision = decide(
             exc,
-            attempt=attempt,
+            attempt=state.attempt_number,
             policy=client._retry,
             remaining=self._deadline - client._clock(),
             jitter=client._jitter,
         )
         return self.decision.retry
 
-    @property
-    def delay(self) -> float:
+    def _wait(self, _state: RetryCallState) -> float:
         return self.decision.delay if self.decision is not None else 0.0
 
-    def should_retry(self, state: RetryCallState) -> bool:
-        attempt = state.attempt_number + self.FIRST_ATTEMPTS_OUTSIDE
-        self.attempts = attempt
-        outcome = state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        return exc is not None and self.judge(exc, attempt=attempt)
-
-    def wait(self, _state: RetryCallState) -> float:
-        return self.delay
-
-    def announce(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        self.report(exc, attempt=state.attempt_number + self.FIRST_ATTEMPTS_OUTSIDE)
-
-    def report(self, exc: BaseException | None, *, attempt: int) -> None:
+    def _announce(self, state: RetryCallState) -> None:
         client = self._client
+        exc = state.outcome.exception() if state.outcome is not None else None
         client._telemetry.emit(
             "provider_retry",
             provider=client.name,
             kind=client.entry.kind,
-            attempt=attempt,
-            delay_seconds=round(self.delay, 3),
+            attempt=state.attempt_number,
+            delay_seconds=round(self._wait(state), 3),
             code=getattr(exc, "code", "error"),
             http_status=getattr(exc, "status", None),
         )
@@ -390,6 +344,10 @@ class _CallRetryPolicy:
         if self.decision.reason == "deadline" and isinstance(exc, ProviderTimeout):
             return DeadlineExceeded(exc.message, provider=exc.provider, status=exc.status)
         return exc
+
+
+def _connect_timeout(budget: float) -> float:
+    return min(budget, 10.0)  # a host that has not accepted in 10 s is down: the next attempt may not be
 
 
 @lru_cache(maxsize=1024)

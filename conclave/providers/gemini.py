@@ -10,10 +10,10 @@ from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
+    Endpoint,
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    Target,
     as_int,
     parse_duration,
 )
@@ -29,12 +29,12 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 class GeminiAdapter:
     kind: ClassVar[str] = "gemini"
 
-    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+    def endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
         headers = {**JSON_HEADERS, **entry.headers}
         if key:
             headers["x-goog-api-key"] = key
         model = quote(entry.model.removeprefix("models/"), safe="-._")
-        return Target(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers)
+        return Endpoint(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers)
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         contents = [

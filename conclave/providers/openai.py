@@ -13,10 +13,10 @@ from conclave.config import ProviderConfig
 from conclave.messages import CompletionRequest, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
+    Endpoint,
     ErrorDetails,
     Headers,
     ParsedCompletion,
-    Target,
     as_int,
     bare_model,
     header_text,
@@ -55,11 +55,11 @@ def _host(base_url: str) -> str:
 class OpenAIAdapter:
     kind: ClassVar[str] = "openai"
 
-    def target(self, entry: ProviderConfig, key: str | None) -> Target:
+    def endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
         headers = {**JSON_HEADERS, **entry.headers}
         if key:
             headers["authorization"] = f"Bearer {key}"
-        return Target(f"{entry.base_url}/chat/completions", headers)
+        return Endpoint(f"{entry.base_url}/chat/completions", headers)
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         reasoning = is_reasoning_model(entry)
