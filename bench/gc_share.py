@@ -46,11 +46,11 @@ class CollectionTimes:
 
 
 async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[str, Any]:
-    from conclave.runtime import open_runtime
+    from conclave import Conclave
 
-    async with open_runtime(bench_config(variant, work), transport=in_memory_transport()) as runtime:
+    async with Conclave(bench_config(variant, work), transport=in_memory_transport()) as client:
         for _ in range(WARM_UP_WAVES):
-            await confer_wave(runtime, batch)
+            await confer_wave(client, batch)
         waves = max(1, confers // batch)
         times = CollectionTimes()
         gc.callbacks.append(times)
@@ -58,7 +58,7 @@ async def measure(variant: str, batch: int, confers: int, work: Path) -> dict[st
         started = time.perf_counter()
         try:
             for _ in range(waves):
-                await confer_wave(runtime, batch)
+                await confer_wave(client, batch)
         finally:
             elapsed = time.perf_counter() - started
             gc.callbacks.remove(times)

@@ -97,23 +97,22 @@ def bench_config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -
 
 
 async def _confers(config: Any, transport: Any, count: int, batch: int) -> None:
-    """`confer` called from a host's own asyncio loop, as the suite's conclave-api contender;
-    `transport` None means the production one."""
-    from conclave.runtime import open_runtime
+    """`confer` called through the Python API from a host's own asyncio loop, as the suite's
+    conclave-api contender; `transport` None means the production one."""
+    from conclave import Conclave
 
-    async with open_runtime(config, transport=transport) as runtime:
+    async with Conclave(config, transport=transport) as client:
         for _ in range(WARM_UP_WAVES + count // batch):
-            await confer_wave(runtime, batch)
+            await confer_wave(client, batch)
 
 
-async def confer_wave(runtime: Any, batch: int) -> None:
+async def confer_wave(client: Any, batch: int) -> None:
     """`batch` K=5 confers at once; any degraded answer fails the measurement."""
-    from conclave.deliberation.confer import confer
 
     async def one() -> None:
-        result = await confer(runtime, dict(ARGUMENTS))
+        result = await client.confer(**ARGUMENTS)
         if result.degraded:
-            raise RuntimeError(f"degraded: {result['degraded_reasons']}")
+            raise RuntimeError(f"degraded: {result.degraded_reasons}")
 
     await asyncio.gather(*(one() for _ in range(batch)))
 

@@ -34,20 +34,19 @@ def count_by_type() -> collections.Counter[str]:
 
 
 async def measure(urls: dict[str, str], confers: int, work: Path) -> collections.Counter[str]:
+    from conclave import Conclave
     from conclave.config import load_config
-    from conclave.deliberation.confer import confer
-    from conclave.runtime import open_runtime
 
     config_path = write_config(work, urls["openai"], VARIANTS["default"], max_concurrency=4096)
     config = load_config(str(config_path), env=bench_env(), dotenv=None)
     point = next(p for p in points(quick=False, seq_ops=25, high_n=500) if p.id == "k5n100")
     args = op_arguments(point)
-    async with open_runtime(config) as runtime:
+    async with Conclave(config) as client:
         for _ in range(2):  # warm: connections open, caches filled
-            await asyncio.gather(*(confer(runtime, dict(args)) for _ in range(confers)))
+            await asyncio.gather(*(client.confer(**args) for _ in range(confers)))
         gc.collect()
         before = count_by_type()
-        calls = [asyncio.ensure_future(confer(runtime, dict(args))) for _ in range(confers)]
+        calls = [asyncio.ensure_future(client.confer(**args)) for _ in range(confers)]
         await asyncio.sleep(LATENCY_MS / 2000.0)
         during = count_by_type()
         await asyncio.gather(*calls)

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import httpx
 
 from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer as _confer
@@ -37,8 +38,13 @@ CapMode = str  # "warn" | "enforce" | "off"
 class Conclave:
     """A reusable client: the HTTP pool, event log and providers open once, for every call."""
 
-    def __init__(self, config: Config | str | None = None) -> None:
+    def __init__(
+        self, config: Config | str | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        """`config`: a Config, a path, or None to discover one; `transport`: what provider calls go
+        through (by default aiohttp's; tests and benchmarks hand in their own, as with httpx)."""
         self._config = config if isinstance(config, Config) else load_config(config)
+        self._transport = transport
         self._stack: contextlib.AsyncExitStack | None = None
         self._runtime: Runtime | None = None
 
@@ -48,7 +54,7 @@ class Conclave:
 
     async def __aenter__(self) -> Conclave:
         stack = contextlib.AsyncExitStack()
-        self._runtime = await stack.enter_async_context(open_runtime(self._config))
+        self._runtime = await stack.enter_async_context(open_runtime(self._config, transport=self._transport))
         self._stack = stack
         return self
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import field, replace
+from dataclasses import field
 from typing import Any, Literal, Protocol
 
 from conclave.records import record
@@ -51,7 +51,14 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def with_cost(self, cost_usd: float | None) -> Usage:
-        return replace(self, cost_usd=cost_usd)
+        return Usage(
+            self.input_tokens,
+            self.output_tokens,
+            self.cached_input_tokens,
+            self.cache_write_tokens,
+            self.reasoning_tokens,
+            cost_usd,
+        )
 
     def __add__(self, other: Usage) -> Usage:
         """Both usages together; a cost unknown on either side makes the sum unknown (never a guess)."""

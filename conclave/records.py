@@ -14,8 +14,9 @@ guard, which costs them nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, overload
 
 if TYPE_CHECKING:  # typeshed has `frozen_default` from 3.12; 3.11's typing takes it as a kwarg
     from typing_extensions import dataclass_transform
@@ -25,7 +26,20 @@ else:
 T = TypeVar("T")
 
 
+@overload
+def record(cls: type[T], /) -> type[T]: ...
+
+
+@overload
+def record(*, kw_only: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def record(cls: type[T]) -> type[T]:
-    """`@dataclass(frozen=True, slots=True)` as the type checker sees it; see the module."""
-    return dataclass(slots=True, unsafe_hash=True)(cls)
+def record(cls: type[T] | None = None, /, *, kw_only: bool = False) -> type[T] | Callable[[type[T]], type[T]]:
+    """`@dataclass(frozen=True, slots=True)` as the type checker sees it; see the module.
+    `@record(kw_only=True)` makes every field keyword-only, as dataclass's own option does."""
+
+    def make(cls: type[T]) -> type[T]:
+        return dataclass(slots=True, unsafe_hash=True, kw_only=kw_only)(cls)
+
+    return make if cls is None else make(cls)

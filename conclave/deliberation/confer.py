@@ -43,10 +43,10 @@ class _Confer:
 
     async def deliberate(self) -> ConferResult:
         done: dict[str, Answer] = {}
-        with anyio.CancelScope(deadline=self.session.deadline):
-            async with anyio.create_task_group() as group:
-                for name in self.providers:
-                    group.start_soon(self._ask, name, done)
+        async with anyio.create_task_group() as group:
+            group.cancel_scope.deadline = self.session.deadline  # members still out then are timed out
+            for name in self.providers:
+                group.start_soon(self._ask, name, done)
         config, elapsed = self.session.runtime.config, self.session.elapsed_ms()
         answers = [
             done.get(name) or timed_out(name, config.providers[name].model, elapsed)

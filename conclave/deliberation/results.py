@@ -8,12 +8,13 @@ coordinate role answer is an `Answer` plus its role, round, envelope and attempt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from conclave.budgets import CostCapReport
 from conclave.deliberation.roles import Role
 from conclave.messages import Usage
+from conclave.records import record
 from conclave.worker.loop import InnerCall
 
 OPERATOR_PROMPT = (
@@ -23,7 +24,7 @@ OPERATOR_PROMPT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Answer:
     """One provider's answer to one turn. `status`: ok | error | timeout | breaker_open | skipped
     (and, for a coordinate role, invalid_envelope)."""
@@ -70,7 +71,7 @@ class Answer:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DegradedReason:
     """Why a result is not whole: who is missing, in which role, and with what status."""
 
@@ -87,7 +88,7 @@ class DegradedReason:
         return {"provider": self.provider, "role": self.role, "status": self.status, "code": self.code}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class RoleAnswer(Answer):
     """A coordinate role's answer: the envelope it emitted (None when it has none), over one or two
     attempts; a synthesizer that replaced another names it in `fallback_from`."""
@@ -117,7 +118,7 @@ class RoleAnswer(Answer):
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Round:
     """One round of the debate: the proposal and the critiques of it."""
 
@@ -133,7 +134,7 @@ class Round:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CostCapSummary:
     """The call-level cost cap: every turn's report combined, with the breakdown by provider
     (confer) or by role (coordinate)."""
@@ -158,7 +159,7 @@ class CostCapSummary:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolUseSummary:
     """The `worker_tools` block: what the caller asked for, against the hard allowlist."""
 
@@ -181,7 +182,7 @@ class ToolUseSummary:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Totals:
     """What a set of answers spent: usage and model calls."""
 
@@ -202,7 +203,7 @@ class Totals:
         return {"usage": self.usage.to_dict(), "calls": self.calls}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class _Result:
     session_id: str
     degraded: bool
@@ -241,7 +242,7 @@ class _Result:
         return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class ConferResult(_Result):
     """`confer`'s result: every panel member's answer, in the order they were asked."""
 
@@ -252,7 +253,7 @@ class ConferResult(_Result):
         return {**self._head(), "answers": answers, **self._tail()}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class CoordinateResult(_Result):
     """`coordinate`'s result: every round, the final round's proposal and critiques, the synthesis."""
 
