@@ -236,7 +236,6 @@ def cmd_providers(args: argparse.Namespace) -> int:
             "key_present": config.key_present(name),
             "in_panel": name in config.panel,
             "in_use": name in in_use,
-            "breaker": "closed",
         }
         for name, p in config.providers.items()
     ]
@@ -244,25 +243,25 @@ def cmd_providers(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print(f"config: {config.source}")
-    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL", "BREAKER"]]
+    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL"]]
     for row in rows:
-        key = (
-            "not needed"
-            if row["api_key_env"] is None
-            else ("yes" if row["key_present"] else f"no (set {row['api_key_env']})")
-        )
         table.append(
-            [
-                str(row["name"]),
-                str(row["kind"]),
-                str(row["model"]),
-                key,
-                "yes" if row["in_panel"] else "no",
-                str(row["breaker"]),
-            ]
+            [str(row["name"]), str(row["kind"]), str(row["model"]), _key_cell(row), _yes(row["in_panel"])]
         )
     _print_table(table)
+    # Breakers live in a serving process's memory; this one cannot see them.
+    print("breaker states: ask a running server (its list_providers tool)")
     return 0
+
+
+def _key_cell(row: dict[str, Any]) -> str:
+    if row["api_key_env"] is None:
+        return "not needed"
+    return "yes" if row["key_present"] else f"no (set {row['api_key_env']})"
+
+
+def _yes(flag: Any) -> str:
+    return "yes" if flag else "no"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

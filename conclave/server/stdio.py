@@ -24,10 +24,10 @@ from conclave.config import Config
 from conclave.server.core import Server
 from conclave.server.jsonrpc import (
     PARSE_ERROR,
-    RequestId,
     RpcError,
     decode,
     error_response,
+    request_id_of,
     to_rpc_error,
 )
 from conclave.server.lifecycle import serving
@@ -144,7 +144,7 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
             # A bug costs this message its reply (a -32603 whose error_id finds the traceback in
             # the event log), never the server: an exception here would end the task group.
             internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.telemetry)
-            data = _line(error_response(_id_of(message), internal))
+            data = _line(error_response(request_id_of(message), internal))
         if data is not None:
             await write_line(data)
 
@@ -174,12 +174,6 @@ def _line(message: Any) -> bytes:
 def _method_of(message: Any) -> str:
     method = message.get("method") if isinstance(message, dict) else None
     return method if isinstance(method, str) else "(batch)" if isinstance(message, list) else "(unknown)"
-
-
-def _id_of(message: Any) -> RequestId:
-    found = message.get("id") if isinstance(message, dict) else None
-    valid = isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool))
-    return found if valid else None
 
 
 async def _discard_rest(read_line: ReadLine) -> None:
