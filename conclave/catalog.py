@@ -133,7 +133,6 @@ TOOLS = (
             "re-checked, and the body is capped."
         ),
         annotations={
-            "title": "Fetch a web page",
             "readOnlyHint": True,
             "destructiveHint": False,
             "idempotentHint": True,
@@ -152,7 +151,6 @@ TOOLS = (
             "Returns whether all passed and a result per check."
         ),
         annotations={
-            "title": "Run deterministic checks",
             "readOnlyHint": True,
             "destructiveHint": False,
             "idempotentHint": True,

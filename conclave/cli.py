@@ -246,7 +246,13 @@ def cmd_providers(args: argparse.Namespace) -> int:
     table = [["NAME", "KIND", "MODEL", "KEY", "PANEL"]]
     for row in rows:
         table.append(
-            [str(row["name"]), str(row["kind"]), str(row["model"]), _key_cell(row), _yes(row["in_panel"])]
+            [
+                str(row["name"]),
+                str(row["kind"]),
+                str(row["model"]),
+                _key_cell(row),
+                "yes" if row["in_panel"] else "no",
+            ]
         )
     _print_table(table)
     # Breakers live in a serving process's memory; this one cannot see them.
@@ -258,10 +264,6 @@ def _key_cell(row: dict[str, Any]) -> str:
     if row["api_key_env"] is None:
         return "not needed"
     return "yes" if row["key_present"] else f"no (set {row['api_key_env']})"
-
-
-def _yes(flag: Any) -> str:
-    return "yes" if flag else "no"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -58,8 +58,8 @@ async def run_stdio(config: Config) -> None:
 async def _standard_streams() -> AsyncIterator[tuple[ReadLine, Write]]:
     """stdin and stdout as `read_line` / `write`. Pipes (how MCP clients run a server) are read
     and written on the event loop; anything else (a terminal, a file) through worker threads,
-    since a pipe transport would switch a shared terminal to non-blocking mode. The thread path
-    cost two thread hand-offs per request, a measurable share of a busy server's CPU."""
+    since a pipe transport would switch a shared terminal to non-blocking mode. The event loop
+    is the usual path because the thread path hands every request over between threads twice."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     if _is_pipe(stdin) and _is_pipe(stdout):
         loop = asyncio.get_running_loop()
@@ -120,8 +120,8 @@ def _pipe_writer(writer: asyncio.StreamWriter) -> Write:
 
 async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None:
     """Serve one connection until EOF on `read_line`."""
-    # Uncontended (the usual case), the lock is taken without a trip round the event loop: a
-    # checkpoint per reply cost a scheduling round, and `drain()` already yields to a slow reader.
+    # Uncontended (the usual case), the lock is taken without a trip round the event loop:
+    # `drain()` already yields to a slow reader.
     lock = anyio.Lock(fast_acquire=True)
 
     async def write_line(data: bytes) -> None:
@@ -166,8 +166,7 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
 
 
 def _line(message: Any) -> bytes:
-    """One reply line; orjson appends the newline itself (no second copy of a reply that can
-    be kilobytes long, with hundreds in flight)."""
+    """One reply line; orjson appends the newline itself, so a long reply is not copied again."""
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
 
