@@ -523,5 +523,5 @@ async def test_invalid_arguments_name_the_failing_path(
 ) -> None:
     async with runtime_for() as rt:
         with pytest.raises(InvalidArguments) as info:
-            rt.tools.validate("fetch", args)
+            await rt.call_tool("fetch", args)
     assert info.value.path == path

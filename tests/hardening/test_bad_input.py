@@ -31,6 +31,7 @@ import orjson
 import pytest
 import yaml
 
+from conclave.catalog import tool_spec
 from conclave.config import load_config
 from conclave.errors import ConfigError, InvalidArguments
 from conclave.runtime import Runtime, open_runtime
@@ -551,7 +552,7 @@ async def python_call(rt: Runtime, tool: str, args: Any) -> Any:
         return await coordinate(rt, args)
     if tool in ("fetch", "verify"):
         return await rt.call_tool(tool, args)
-    return await Server(rt).tools[tool].call(rt, args, None)
+    return await Server(rt).run_tool(tool_spec(tool), args)
 
 
 PYTHON_DEEP_CASES = [

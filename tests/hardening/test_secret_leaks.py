@@ -36,6 +36,7 @@ import orjson
 import pytest
 import yaml
 
+from conclave.catalog import tool_spec
 from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
@@ -323,9 +324,9 @@ async def in_process(evidence: Evidence, config: Config, page: str) -> None:
             "verify",
             await runtime.call_tool("verify", {"checks": [{"type": "regex", "pattern": "a+", "text": "aa"}]}),
         )
+        await expect_error(evidence, "verify bad", runtime.call_tool("verify", {"checks": "x"}))
         server = Server(runtime)
-        evidence.add("verify bad", await server.handle_message(plain_call("verify", {"checks": "x"}), drop))
-        evidence.add("list_providers", await server.handle_message(plain_call("list_providers", {}), drop))
+        evidence.add("list_providers", await server.run_tool(tool_spec("list_providers"), {}))
         for provider in MEMBERS:  # each client's own error, straight from the provider layer
             await expect_error(evidence, f"complete {provider}", probe(runtime, provider))
 
@@ -335,14 +336,6 @@ async def probe(runtime: Runtime, provider: str) -> Any:
 
     request = CompletionRequest.ask("FAULT:401 direct")
     return await runtime.providers.get(provider).complete(request, deadline=anyio.current_time() + 10)
-
-
-def plain_call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-
-
-async def drop(_message: Any) -> None:
-    pass
 
 
 async def expect_error(evidence: Evidence, label: str, call: Any) -> None:
