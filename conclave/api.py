@@ -29,6 +29,7 @@ from conclave.deliberation.coordinate import coordinate as _coordinate
 from conclave.deliberation.results import ConferResult, CoordinateResult
 from conclave.deliberation.session import ProgressSink
 from conclave.errors import ConclaveError
+from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import check_arguments
 
@@ -144,14 +145,14 @@ class Conclave:
     ) -> dict[str, Any]:
         """Fetch one http(s) URL under the configured policies; the `fetch` tool's result."""
         args = _arguments("fetch", url=url, max_bytes=max_bytes, session_id=session_id)
-        return await self._open().call_tool("fetch", args)
+        return await run_tool(self._open(), "fetch", args)
 
     async def verify(
         self, checks: Sequence[Mapping[str, Any]], *, session_id: str | None = None
     ) -> dict[str, Any]:
         """Run deterministic checks; the `verify` tool's result."""
         args = _arguments("verify", checks=[dict(check) for check in checks], session_id=session_id)
-        return await self._open().call_tool("verify", args)
+        return await run_tool(self._open(), "verify", args)
 
     def _open(self) -> Runtime:
         if self._runtime is None:

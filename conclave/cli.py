@@ -15,15 +15,15 @@ import anyio
 import orjson
 
 from conclave import __version__
+from conclave.catalog import tool_spec
 from conclave.config import Config, load_config
 from conclave.errors import ConfigError, InvalidArguments, ToolError
-from conclave.schemas import check_arguments
 
 # Each command imports what it runs on: `conclave serve` must answer its first request before the
 # HTTP stack and the deliberation code are loaded (see server.lifecycle), and `--help` needs none.
 if TYPE_CHECKING:
     from conclave.doctor import ProviderCheck
-    from conclave.render import LiveProgress, Tool
+    from conclave.render import Deliberation, LiveProgress
 
 DEFAULT_HTTP_PORT = 8765
 
@@ -236,7 +236,6 @@ def cmd_providers(args: argparse.Namespace) -> int:
             "key_present": config.key_present(name),
             "in_panel": name in config.panel,
             "in_use": name in in_use,
-            "breaker": "closed",
         }
         for name, p in config.providers.items()
     ]
@@ -244,25 +243,27 @@ def cmd_providers(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print(f"config: {config.source}")
-    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL", "BREAKER"]]
+    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL"]]
     for row in rows:
-        key = (
-            "not needed"
-            if row["api_key_env"] is None
-            else ("yes" if row["key_present"] else f"no (set {row['api_key_env']})")
-        )
         table.append(
             [
                 str(row["name"]),
                 str(row["kind"]),
                 str(row["model"]),
-                key,
+                _key_cell(row),
                 "yes" if row["in_panel"] else "no",
-                str(row["breaker"]),
             ]
         )
     _print_table(table)
+    # Breakers live in a serving process's memory; this one cannot see them.
+    print("breaker states: ask a running server (its list_providers tool)")
     return 0
+
+
+def _key_cell(row: dict[str, Any]) -> str:
+    if row["api_key_env"] is None:
+        return "not needed"
+    return "yes" if row["key_present"] else f"no (set {row['api_key_env']})"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -362,28 +363,41 @@ def _run_tool(
     args: argparse.Namespace, name: str, tool_args: dict[str, Any], failed: Callable[[dict[str, Any]], bool]
 ) -> int:
     """Run one tool; exit 0 on success, 1 on a refusal or failed checks, 2 on bad arguments."""
-    from conclave.runtime import open_runtime
-    from conclave.tools import build_registry
-
     config = _load(args)
-
-    async def run() -> dict[str, Any]:
-        async with open_runtime(config) as runtime:
-            return await runtime.call_tool(name, tool_args)
-
+    if (status := _refuse_invalid(name, tool_args)) is not None:
+        return status
     try:
-        result = anyio.run(run)
-    except InvalidArguments as exc:
-        print(f"conclave {name}: invalid arguments at {exc.path}: {exc.message}", file=sys.stderr)
-        return 2
+        result = anyio.run(_run_in_runtime, config, name, tool_args, None)
     except ToolError as exc:
         print(f"conclave {name}: {exc.message}", file=sys.stderr)
         return 1
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(build_registry().get(name).render(result))
+        print(tool_spec(name).render(result))
     return 1 if failed(result) else 0
+
+
+def _refuse_invalid(name: str, tool_args: dict[str, Any]) -> int | None:
+    """The command line's door: arguments are checked here, before any runtime or progress
+    display exists; exit status 2 when they are invalid."""
+    try:
+        tool_spec(name).validate(tool_args)
+    except InvalidArguments as exc:
+        message = " ".join(exc.message.split())
+        print(f"conclave {name}: invalid arguments at {exc.path}: {message}", file=sys.stderr)
+        return 2
+    return None
+
+
+async def _run_in_runtime(
+    config: Config, name: str, tool_args: dict[str, Any], progress: LiveProgress | None
+) -> dict[str, Any]:
+    from conclave.runner import run_tool
+    from conclave.runtime import open_runtime
+
+    async with open_runtime(config) as runtime:
+        return await run_tool(runtime, name, tool_args, progress)
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -447,35 +461,20 @@ def _names(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _deliberation(args: argparse.Namespace, tool: Tool, tool_args: dict[str, Any]) -> int:
+def _deliberation(args: argparse.Namespace, tool: Deliberation, tool_args: dict[str, Any]) -> int:
     """Exit 0 when complete, 1 when degraded, 2 on invalid arguments (config errors: see main)."""
     from conclave.render import progress_for, render, wants_colour
 
     config = _load(args)
-    try:
-        # Checked here too so that bad arguments fail before any progress display or runtime.
-        check_arguments(f"{tool}.input.json", tool_args, tool=tool)
-    except InvalidArguments as exc:
-        message = " ".join(exc.message.split())
-        print(f"conclave {tool}: invalid arguments at {exc.path}: {message}", file=sys.stderr)
-        return 2
+    if (status := _refuse_invalid(tool, tool_args)) is not None:
+        return status
     progress = progress_for(tool, tool_args, config, sys.stderr)
-    result = anyio.run(_run_deliberation, config, tool, tool_args, progress)
+    result = anyio.run(_run_in_runtime, config, tool, tool_args, progress)
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(render(tool, result, colour=wants_colour(sys.stdout)))
     return 1 if result.get("degraded") else 0
-
-
-async def _run_deliberation(
-    config: Config, tool: Tool, tool_args: dict[str, Any], progress: LiveProgress | None
-) -> dict[str, Any]:
-    from conclave.render import deliberate
-    from conclave.runtime import open_runtime
-
-    async with open_runtime(config) as runtime:
-        return await deliberate(runtime, tool, tool_args, progress)
 
 
 # ---------------------------------------------------------------- tail, serve, demo

@@ -22,7 +22,8 @@ import anyio
 from aiohttp import web
 
 from conclave.config import Config
-from conclave.render import Tool, deliberate, progress_for, render, wants_colour
+from conclave.render import Deliberation, progress_for, render, wants_colour
+from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
 from conclave.sim import Reply, Rule, Scenario, SimPanel
 from conclave.simulated import SIMULATED_MEMBERS, simulated_config
@@ -211,9 +212,11 @@ def _coordinate_args(session_id: str) -> dict[str, Any]:
     return {"task": COORDINATE_TASK, "worker_tools": ["fetch", "verify"], "session_id": session_id}
 
 
-async def _call(runtime: Runtime, tool: Tool, args: dict[str, Any], stream: TextIO | None) -> dict[str, Any]:
+async def _call(
+    runtime: Runtime, tool: Deliberation, args: dict[str, Any], stream: TextIO | None
+) -> dict[str, Any]:
     live = progress_for(tool, args, runtime.config, stream) if stream is not None else None
-    return await deliberate(runtime, tool, args, live)
+    return await run_tool(runtime, tool, args, live)
 
 
 # ---------------------------------------------------------------- checking and showing it

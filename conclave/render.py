@@ -18,11 +18,8 @@ from typing import Any, Literal, TextIO
 import anyio
 
 from conclave.config import Config
-from conclave.deliberation.confer import confer
-from conclave.deliberation.coordinate import coordinate
-from conclave.runtime import Runtime
 
-Tool = Literal["confer", "coordinate"]
+Deliberation = Literal["confer", "coordinate"]  # the tools whose results this module draws
 REDRAW_SECONDS = 0.1
 _UP_AND_CLEAR = "\x1b[F\x1b[K"  # cursor to the start of the previous line, then clear it
 
@@ -348,7 +345,7 @@ def _per_role(per_role: Mapping[str, Any]) -> list[str]:
     return lines if len(lines) > 1 else []
 
 
-def render(tool: Tool, result: Mapping[str, Any], *, colour: bool = False) -> str:
+def render(tool: Deliberation, result: Mapping[str, Any], *, colour: bool = False) -> str:
     return (
         render_confer(result, colour=colour) if tool == "confer" else render_coordinate(result, colour=colour)
     )
@@ -481,7 +478,9 @@ def _progress_line(row: _Row, width: int, now: float) -> str:
     return f"  {mark} {row.label.ljust(width)}  {row.state.ljust(7)}  {row.elapsed or 0.0:5.1f}s"
 
 
-def progress_for(tool: Tool, args: Mapping[str, Any], config: Config, stream: TextIO) -> LiveProgress | None:
+def progress_for(
+    tool: Deliberation, args: Mapping[str, Any], config: Config, stream: TextIO
+) -> LiveProgress | None:
     """Live progress on `stream` when it is a terminal that understands cursor moves; else None."""
     if not _is_tty(stream) or os.environ.get("TERM") == "dumb" or args.get("dry_run"):
         return None
@@ -495,14 +494,3 @@ def progress_for(tool: Tool, args: Mapping[str, Any], config: Config, stream: Te
         int(args.get("rounds") or 1),
         stream,
     )
-
-
-async def deliberate(
-    runtime: Runtime, tool: Tool, args: Mapping[str, Any], progress: LiveProgress | None = None
-) -> dict[str, Any]:
-    """Run confer or coordinate through the Python door, showing `progress` while it runs."""
-    function = confer if tool == "confer" else coordinate
-    if progress is None:
-        return (await function(runtime, args)).to_dict()
-    async with progress.shown():
-        return (await function(runtime, args, progress=progress.sink)).to_dict()

@@ -31,6 +31,8 @@ class Runtime:
     transcripts: TranscriptWriter | None = None
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The Python door to the worker tools: the arguments are checked here, then the tool runs."""
+        self.tools.validate(name, args)
         return await self.tools.call(name, args, self.tool_context)
 
 

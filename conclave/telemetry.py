@@ -105,7 +105,7 @@ class UtcStamp:
 
 
 class Telemetry:
-    """The event log. `Telemetry(None)` discards events (used by `--no-telemetry` paths)."""
+    """The event log. `Telemetry(None)` discards events (tests and benchmarks use it)."""
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ import pytest
 from conclave import schemas
 from conclave.config import Config
 from conclave.runtime import open_runtime
+from conclave.server import handlers
 from conclave.server.core import Server
 from tests.support import read_events
 
@@ -44,17 +45,16 @@ async def test_tools_list_pages_with_an_opaque_cursor(make_config: Callable[...,
 
 
 async def test_an_internal_failure_is_minus_32603_with_an_id_that_finds_the_trace(
-    make_config: Callable[..., Config], events_path: Path
+    make_config: Callable[..., Config], events_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+
+    async def broken(*_args: Any) -> dict[str, Any]:
+        raise RuntimeError("kaboom inside")
+
+    monkeypatch.setattr(handlers, "run_list_providers", broken)
     async with open_runtime(config) as rt:
         server = Server(rt)
-
-        async def broken(*_args: Any) -> dict[str, Any]:
-            raise RuntimeError("kaboom inside")
-
-        tool = server.tools["list_providers"]
-        server.tools["list_providers"] = type(tool)(tool.name, broken, tool.render)
         reply = await server.handle_message({"jsonrpc": "2.0", "id": 5, "method": "list_providers"}, nowhere)
     error = reply["error"]
     assert (error["code"], error["message"]) == (-32603, "Internal error")
@@ -77,8 +77,7 @@ TOOL_CALLS = {
 async def test_a_tools_call_checks_its_arguments_against_the_schema_exactly_once(
     make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch, tool: str
 ) -> None:
-    """Where the tool's own layer validates (confer, coordinate, the registry), the server does
-    not validate again; where it does not (list_providers), the server still does."""
+    """The server checks every tool's arguments at its door, and nothing below checks again."""
     config = make_config(
         {
             "a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"},

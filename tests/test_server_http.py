@@ -89,10 +89,41 @@ async def test_a_foreign_origin_is_refused_and_a_local_one_allowed(base_url: str
     assert rpc_evil.status_code == 403
 
 
-async def test_an_unsupported_protocol_version_header_is_a_400(base_url: str) -> None:
+async def test_an_unsupported_protocol_version_header_is_a_400_that_names_the_request(base_url: str) -> None:
     async with httpx.AsyncClient(base_url=base_url) as client:
-        reply = await client.post("/mcp", json=rpc("ping"), headers={"mcp-protocol-version": "1999-01-01"})
+        reply = await client.post(
+            "/mcp", json=rpc("ping", id="v-1"), headers={"mcp-protocol-version": "1999-01-01"}
+        )
     assert reply.status_code == 400
+    assert reply.json()["id"] == "v-1"
+    assert reply.json()["error"]["code"] == -32600
+
+
+async def test_a_refused_origin_names_the_request_it_refuses(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        reply = await client.post("/rpc", json=rpc("ping", id=41), headers={"origin": "http://attacker.test"})
+        garbage = await client.post("/mcp", content=b"{nope", headers={"origin": "http://attacker.test"})
+    assert (reply.status_code, reply.json()["id"]) == (403, 41)
+    assert (garbage.status_code, garbage.json()["id"]) == (403, None)
+
+
+async def test_a_failure_outside_any_request_still_names_the_request(
+    base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport's safety net (a bug below it) answers with the request's id, in JSON
+    and in an SSE stream alike."""
+
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(Server, "handle_message", broken)
+    streamed = rpc("tools/call", {"name": "verify", "arguments": {}, "_meta": {"progressToken": 1}}, id=8)
+    async with httpx.AsyncClient(base_url=base_url, headers=ACCEPT) as client:
+        plain = await client.post("/rpc", json=rpc("ping", id=7))
+        stream = await client.post("/mcp", json=streamed)
+    assert (plain.status_code, plain.json()["id"], plain.json()["error"]["code"]) == (500, 7, -32603)
+    events = [orjson.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert [(e["id"], e["error"]["code"]) for e in events] == [(8, -32603)]
 
 
 async def test_get_on_mcp_is_405(base_url: str) -> None:

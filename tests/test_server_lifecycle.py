@@ -90,6 +90,23 @@ async def test_an_unknown_tool_is_refused_before_the_runtime_is_up() -> None:
     assert "nope" in reply["error"]["message"]
 
 
+@pytest.mark.parametrize("tool", ["confer", "coordinate", "fetch", "verify", "list_providers"])
+async def test_invalid_arguments_are_refused_at_the_door_before_the_runtime_is_up(tool: str) -> None:
+    """Every tool's arguments are checked by the server itself, before it waits for a runtime."""
+    server = Server(telemetry=Telemetry(None))
+    call = {"name": tool, "arguments": {"nope": 1}}
+    with anyio.fail_after(5):
+        mcp = await server.handle_message(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}, nowhere
+        )
+        plain = await server.handle_message(
+            {"jsonrpc": "2.0", "id": 2, "method": tool, "params": {"nope": 1}}, nowhere
+        )
+    assert mcp["result"]["isError"] is True
+    assert mcp["result"]["content"][0]["text"].startswith(f"Invalid arguments for {tool} at $")
+    assert plain["error"]["code"] == -32602
+
+
 async def test_serving_attaches_the_runtime_and_runs_tools(make_config: Callable[..., Config]) -> None:
     config = one_provider(make_config)
     async with serving(config) as server:

@@ -188,7 +188,7 @@ async def test_an_answer_is_on_its_provider_call_event_redacted_only_when_conten
         async with open_runtime(config) as rt:
             result = await confer(rt, {"question": "Which option?"})
 
-    assert result["answers"][0]["text"] == answer
+    assert result.answers[0].text == answer
     (call,) = [e for e in read_events(events_path) if e["event"] == "provider_call"]
     if include_content:
         assert call["text"] == f"Option 2. (The key I was sent: {REDACTED}.)"

@@ -15,7 +15,7 @@ import anyio
 import orjson
 
 from conclave import __version__
-from conclave.catalog import SERVER_TOOLS
+from conclave.catalog import TOOL_NAMES, TOOLS, Invocation, ToolSpec, tool_spec
 from conclave.errors import ConfigError, InvalidArguments, ToolError
 from conclave.server.jsonrpc import (
     INVALID_PARAMS,
@@ -30,15 +30,15 @@ from conclave.server.jsonrpc import (
     response,
     to_rpc_error,
 )
-from conclave.server.surface import TOOL_NAMES, describe
+from conclave.server.surface import describe
 from conclave.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from conclave.deliberation.session import ProgressSink
     from conclave.runtime import Runtime
-    from conclave.server.handlers import ServerTool
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-PLAIN_METHODS = frozenset({"confer", "coordinate", "fetch", "verify", "list_providers"})
+PLAIN_METHODS = frozenset(TOOL_NAMES)  # every tool is also a plain JSON-RPC method (SPEC §6)
 INSTRUCTIONS = (
     "Conclave asks several LLMs at once. Use `confer` to get every panel member's answer to one question, "
     "`coordinate` for a proposer/critics/synthesizer debate, `fetch` and `verify` for evidence and checks, "
@@ -65,18 +65,12 @@ class Server:
         self.protocol_version: str | None = None
         self._in_flight: dict[tuple[object, RequestId], anyio.CancelScope] = {}
         self._runtime: Runtime | None = None
-        self.tools: dict[str, ServerTool] = {}
         self._attached: anyio.Event | None = None
         if runtime is not None:
             self.attach(runtime)
 
     def attach(self, runtime: Runtime) -> None:
         """Tool calls may run from now on; those already waiting go ahead."""
-        # Imported here, not at the top: this is the heavy half of the server (deliberation,
-        # providers, HTTP), which a starting server loads in the background.
-        from conclave.server.handlers import server_tools
-
-        self.tools = server_tools()
         self._runtime = runtime
         if self._attached is not None:
             self._attached.set()
@@ -90,9 +84,13 @@ class Server:
         assert self._runtime is not None
         return self._runtime
 
-    async def tool(self, name: str) -> tuple[Runtime, ServerTool]:
+    async def run_tool(
+        self, tool: ToolSpec, args: dict[str, Any], progress: ProgressSink | None = None
+    ) -> dict[str, Any]:
+        """The server's door: every tool's arguments are checked here, once, before it runs."""
+        tool.validate(args)
         runtime = await self.runtime()
-        return runtime, self.tools[name]
+        return await tool.run(args, Invocation(runtime.tool_context, runtime, progress))
 
     async def handle_message(self, message: Any, send: Send, *, connection: object = None) -> Any:
         """One decoded message (object or batch); returns what to send back, or None."""
@@ -164,9 +162,7 @@ class Server:
         if method == "tools/call":
             return await self._call_tool(_object_params(request), send)
         if method in PLAIN_METHODS:
-            params = _object_params(request)
-            runtime, tool = await self.tool(method)
-            return await tool.call(runtime, params, None)
+            return await self.run_tool(tool_spec(method), _object_params(request))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,9 +177,9 @@ class Server:
 
     def _list_tools(self, params: Mapping[str, Any]) -> dict[str, Any]:
         start = _decode_cursor(params.get("cursor"))
-        page = SERVER_TOOLS[start : start + self.page_size]
-        result: dict[str, Any] = {"tools": [describe(info) for info in page]}
-        if start + self.page_size < len(SERVER_TOOLS):
+        page = TOOLS[start : start + self.page_size]
+        result: dict[str, Any] = {"tools": [describe(tool) for tool in page]}
+        if start + self.page_size < len(TOOLS):
             result["nextCursor"] = _encode_cursor(start + self.page_size)
         return result
 
@@ -194,9 +190,9 @@ class Server:
         arguments = params.get("arguments") if params.get("arguments") is not None else {}
         if not isinstance(arguments, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
-        runtime, tool = await self.tool(name)
+        tool = tool_spec(name)
         try:
-            result = await tool.call(runtime, arguments, self._progress_sink(params, send))
+            result = await self.run_tool(tool, arguments, self._progress_sink(params, send))
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:
@@ -207,9 +203,7 @@ class Server:
             "isError": False,
         }
 
-    def _progress_sink(
-        self, params: Mapping[str, Any], send: Send
-    ) -> Callable[[Mapping[str, Any]], Awaitable[None]] | None:
+    def _progress_sink(self, params: Mapping[str, Any], send: Send) -> ProgressSink | None:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         if not isinstance(token, str | int) or isinstance(token, bool):

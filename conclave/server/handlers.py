@@ -1,60 +1,31 @@
-"""What each server tool does: its handler and how its result reads as text (the MCP `content`
-block). Imported once the runtime is loading; `surface` describes the same tools without it."""
+"""What the tools only the server and the CLI run do (`confer`, `coordinate`, `list_providers`)
+and how their results read as text (the MCP `content` block). `catalog.TOOLS` names these
+functions; a starting server imports this module in the background with the runtime."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+from conclave.catalog import Invocation
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
-from conclave.deliberation.session import ProgressSink
 from conclave.doctor import providers_in_use
 from conclave.runtime import Runtime
-from conclave.schemas import check_arguments
-from conclave.tools import render_fetch, render_verify
-
-Handler = Callable[[Runtime, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any]]]
 
 
-@dataclass(frozen=True, slots=True)
-class ServerTool:
-    name: str
-    handler: Handler
-    render: Callable[[Mapping[str, Any]], str]
-    # True when the layer the handler calls checks the same schema first thing (confer,
-    # coordinate, the tool registry): one validation per call, not two (~70 us each).
-    validates_itself: bool = False
-
-    async def call(
-        self, runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
-    ) -> dict[str, Any]:
-        if not self.validates_itself:
-            check_arguments(f"{self.name}.input.json", args, tool=self.name)
-        return await self.handler(runtime, args, progress)
+async def run_confer(args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
+    return (await confer(invocation.require_runtime(), args, progress=invocation.progress)).to_dict()
 
 
-async def _confer(runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
-    return (await confer(runtime, args, progress=progress)).to_dict()
+async def run_coordinate(args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
+    return (await coordinate(invocation.require_runtime(), args, progress=invocation.progress)).to_dict()
 
 
-async def _coordinate(
-    runtime: Runtime, args: dict[str, Any], progress: ProgressSink | None
-) -> dict[str, Any]:
-    return (await coordinate(runtime, args, progress=progress)).to_dict()
-
-
-def _registry_tool(name: str) -> Handler:
-    async def run(runtime: Runtime, args: dict[str, Any], _progress: ProgressSink | None) -> dict[str, Any]:
-        return await runtime.call_tool(name, args)
-
-    return run
-
-
-async def _list_providers(runtime: Runtime, _args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+async def run_list_providers(_args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
+    runtime = invocation.require_runtime()
     config = runtime.config
     in_use = providers_in_use(config)
     return {
@@ -139,15 +110,3 @@ def render_providers(result: Mapping[str, Any]) -> str:
         f"panel={'yes' if p['in_panel'] else 'no'} breaker={p['breaker']}"
         for p in result["providers"]
     )
-
-
-def server_tools() -> dict[str, ServerTool]:
-    """Every tool's behaviour, by name (`surface.TOOL_NAMES` is the order tools/list shows)."""
-    tools = (
-        ServerTool("confer", _confer, render_confer),
-        ServerTool("coordinate", _coordinate, render_coordinate),
-        ServerTool("fetch", _registry_tool("fetch"), render_fetch, validates_itself=True),
-        ServerTool("verify", _registry_tool("verify"), render_verify, validates_itself=True),
-        ServerTool("list_providers", _list_providers, render_providers),
-    )
-    return {tool.name: tool for tool in tools}

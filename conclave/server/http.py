@@ -5,6 +5,7 @@ caller asked for progress and accepts it; 202 for notifications) and plain JSON-
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,9 +18,11 @@ from conclave.server.core import SUPPORTED_VERSIONS, Server
 from conclave.server.jsonrpc import (
     INVALID_REQUEST,
     PARSE_ERROR,
+    RequestId,
     RpcError,
     decode,
     error_response,
+    request_id_of,
     to_rpc_error,
 )
 from conclave.server.lifecycle import serving
@@ -48,22 +51,12 @@ def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Applicati
     allowed = LOOPBACK_HOSTS | {bound_host.lower()}
 
     async def mcp(request: web.Request) -> web.StreamResponse:
-        if (refusal := _check_origin(request, allowed)) is not None:
-            return refusal
-        version = request.headers.get("mcp-protocol-version")
-        if version is not None and version not in SUPPORTED_VERSIONS:
-            return _json(
-                error_response(
-                    None, RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {version}")
-                ),
-                status=400,
-            )
-        return await _exchange(server, request, notifications_status=202)
+        refusal = _check_origin(request, allowed) or _check_protocol_version(request)
+        return await _exchange(server, request, refusal, notifications_status=202)
 
     async def rpc(request: web.Request) -> web.StreamResponse:
-        if (refusal := _check_origin(request, allowed)) is not None:
-            return refusal
-        return await _exchange(server, request, notifications_status=204)
+        refusal = _check_origin(request, allowed)
+        return await _exchange(server, request, refusal, notifications_status=204)
 
     async def not_allowed(_request: web.Request) -> web.Response:
         return web.Response(status=405, headers={"allow": "POST"})
@@ -74,7 +67,13 @@ def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Applicati
     return app
 
 
-def _check_origin(request: web.Request, allowed: frozenset[str]) -> web.Response | None:
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    status: int
+    error: RpcError
+
+
+def _check_origin(request: web.Request, allowed: frozenset[str]) -> _Refusal | None:
     """DNS-rebinding defence: a browser page from another origin must not reach a local server."""
     origin = request.headers.get("origin")
     if origin is None:
@@ -82,12 +81,21 @@ def _check_origin(request: web.Request, allowed: frozenset[str]) -> web.Response
     host = (urlsplit(origin).hostname or "").lower()
     if host in allowed or f"[{host}]" in allowed:
         return None
-    return _json(
-        error_response(None, RpcError(INVALID_REQUEST, f"Origin {origin} is not allowed")), status=403
-    )
+    return _Refusal(403, RpcError(INVALID_REQUEST, f"Origin {origin} is not allowed"))
 
 
-async def _exchange(server: Server, request: web.Request, *, notifications_status: int) -> web.StreamResponse:
+def _check_protocol_version(request: web.Request) -> _Refusal | None:
+    version = request.headers.get("mcp-protocol-version")
+    if version is None or version in SUPPORTED_VERSIONS:
+        return None
+    return _Refusal(400, RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {version}"))
+
+
+async def _exchange(
+    server: Server, request: web.Request, refusal: _Refusal | None, *, notifications_status: int
+) -> web.StreamResponse:
+    if refusal is not None:
+        return _json(error_response(await _id_if_readable(request), refusal.error), status=refusal.status)
     try:
         message = decode(await request.read())
     except RpcError as parse_error:
@@ -98,14 +106,23 @@ async def _exchange(server: Server, request: web.Request, *, notifications_statu
         return await _stream(server, request, message)
     try:
         reply = await server.handle_message(message, _drop, connection=object())
-    except (
-        Exception
-    ) as exc:  # the stdio server's safety net: a JSON-RPC error body, not aiohttp's plain-text 500
-        failure = to_rpc_error(exc, method="(http)", telemetry=server.telemetry)
-        return _json(error_response(None, failure), status=500)
+    except Exception as exc:  # the safety net: a JSON-RPC error body, not aiohttp's plain-text 500
+        return _json(error_response(request_id_of(message), _internal(server, exc)), status=500)
     if reply is None:
         return web.Response(status=notifications_status)
     return _json(reply)
+
+
+async def _id_if_readable(request: web.Request) -> RequestId:
+    """A refused request is still answered by its id, when its body has one."""
+    try:
+        return request_id_of(decode(await request.read()))
+    except (RpcError, web.HTTPRequestEntityTooLarge):
+        return None
+
+
+def _internal(server: Server, exc: Exception) -> RpcError:
+    return to_rpc_error(exc, method="(http)", telemetry=server.telemetry)
 
 
 async def _drop(_message: Any) -> None:
@@ -121,16 +138,20 @@ def _wants_stream(request: web.Request, message: Any) -> bool:
 
 
 async def _stream(server: Server, request: web.Request, message: Any) -> web.StreamResponse:
-    # Each HTTP request is its own connection for request ids: a client cancels by hanging up
-    # (aiohttp then cancels the handler); a cancel notification from another POST cannot reach it.
-    """SSE: progress notifications as they happen, then the response, then the stream ends."""
+    """SSE: progress notifications as they happen, then the response, then the stream ends.
+
+    Each HTTP request is its own connection for request ids: a client cancels by hanging up
+    (aiohttp then cancels the handler); a cancel notification from another POST cannot reach it."""
     stream = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
     await stream.prepare(request)
 
     async def send(note: Any) -> None:
         await stream.write(b"event: message\ndata: " + orjson.dumps(note) + b"\n\n")
 
-    reply = await server.handle_message(message, send, connection=object())
+    try:
+        reply = await server.handle_message(message, send, connection=object())
+    except Exception as exc:  # the headers are sent: the error goes down the stream
+        reply = error_response(request_id_of(message), _internal(server, exc))
     if reply is not None:
         await send(reply)
     await stream.write_eof()

@@ -87,6 +87,12 @@ def _valid_id(value: Any) -> bool:
     return value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def request_id_of(message: Any) -> RequestId:
+    """The id to answer `message` with when it cannot be handled: its own, if it has a valid one."""
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if _valid_id(found) else None
+
+
 def response(request_id: RequestId, result: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 

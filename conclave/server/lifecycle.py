@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.to_thread
 
+from conclave.catalog import handler_modules
 from conclave.config import Config
 from conclave.gcpolicy import serving_gc
 from conclave.server.core import Server
@@ -23,7 +24,7 @@ from conclave.telemetry import Telemetry
 
 # The heavy half of the server. Imported on a worker thread: the import lock keeps it safe, and
 # the GIL, handed over every few milliseconds, lets the event loop keep answering meanwhile.
-_RUNTIME_MODULES = ("conclave.runtime", "conclave.server.handlers")
+_RUNTIME_MODULES = ("conclave.runtime", *handler_modules())
 
 
 @contextlib.asynccontextmanager

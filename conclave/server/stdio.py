@@ -24,10 +24,10 @@ from conclave.config import Config
 from conclave.server.core import Server
 from conclave.server.jsonrpc import (
     PARSE_ERROR,
-    RequestId,
     RpcError,
     decode,
     error_response,
+    request_id_of,
     to_rpc_error,
 )
 from conclave.server.lifecycle import serving
@@ -58,8 +58,8 @@ async def run_stdio(config: Config) -> None:
 async def _standard_streams() -> AsyncIterator[tuple[ReadLine, Write]]:
     """stdin and stdout as `read_line` / `write`. Pipes (how MCP clients run a server) are read
     and written on the event loop; anything else (a terminal, a file) through worker threads,
-    since a pipe transport would switch a shared terminal to non-blocking mode. The thread path
-    cost two thread hand-offs per request, a measurable share of a busy server's CPU."""
+    since a pipe transport would switch a shared terminal to non-blocking mode. The event loop
+    is the usual path because the thread path hands every request over between threads twice."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     if _is_pipe(stdin) and _is_pipe(stdout):
         loop = asyncio.get_running_loop()
@@ -120,8 +120,8 @@ def _pipe_writer(writer: asyncio.StreamWriter) -> Write:
 
 async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None:
     """Serve one connection until EOF on `read_line`."""
-    # Uncontended (the usual case), the lock is taken without a trip round the event loop: a
-    # checkpoint per reply cost a scheduling round, and `drain()` already yields to a slow reader.
+    # Uncontended (the usual case), the lock is taken without a trip round the event loop:
+    # `drain()` already yields to a slow reader.
     lock = anyio.Lock(fast_acquire=True)
 
     async def write_line(data: bytes) -> None:
@@ -144,7 +144,7 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
             # A bug costs this message its reply (a -32603 whose error_id finds the traceback in
             # the event log), never the server: an exception here would end the task group.
             internal = to_rpc_error(exc, method=_method_of(message), telemetry=server.telemetry)
-            data = _line(error_response(_id_of(message), internal))
+            data = _line(error_response(request_id_of(message), internal))
         if data is not None:
             await write_line(data)
 
@@ -166,20 +166,13 @@ async def serve_lines(server: Server, read_line: ReadLine, write: Write) -> None
 
 
 def _line(message: Any) -> bytes:
-    """One reply line; orjson appends the newline itself (no second copy of a reply that can
-    be kilobytes long, with hundreds in flight)."""
+    """One reply line; orjson appends the newline itself, so a long reply is not copied again."""
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _method_of(message: Any) -> str:
     method = message.get("method") if isinstance(message, dict) else None
     return method if isinstance(method, str) else "(batch)" if isinstance(message, list) else "(unknown)"
-
-
-def _id_of(message: Any) -> RequestId:
-    found = message.get("id") if isinstance(message, dict) else None
-    valid = isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool))
-    return found if valid else None
 
 
 async def _discard_rest(read_line: ReadLine) -> None:

@@ -1,9 +1,8 @@
-"""The tools a caller or a worker may use: `fetch` and `verify`, behind one registry.
+"""The tools a panel member may use mid-answer, `fetch` and `verify`, behind one registry.
 
-Each tool's module is imported on its first use, as jsonschema and tenacity are: most calls
-use neither tool, and the two with what they import (the fetch guard, the HTML reader, the
-process pool, decimal and fractions) were ~1.2 MB resident in every process (the F6
-peak-memory target counts it) and ~35 ms of `conclave serve` start-up.
+Each tool's module is imported on its first use: most calls use neither tool, and the two
+with what they import would otherwise load into every process and slow `conclave serve`'s
+start-up.
 """
 
 from __future__ import annotations
@@ -11,56 +10,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conclave.catalog import FETCH_INFO, VERIFY_INFO
+from conclave.catalog import TOOLS, Invocation
 from conclave.tools.context import ToolContext
-from conclave.tools.registry import Tool, ToolRegistry
+from conclave.tools.registry import ToolRegistry
 
-__all__ = ["Tool", "ToolContext", "ToolRegistry", "build_registry", "render_fetch", "render_verify"]
+__all__ = ["ToolContext", "ToolRegistry", "build_registry", "run_fetch", "run_verify"]
 
 
-async def _fetch(args: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def run_fetch(args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
     from conclave.tools.fetch import fetch
 
-    return await fetch(args, ctx)
+    return await fetch(args, invocation.context)
 
 
-def render_fetch(result: Mapping[str, Any]) -> str:
-    from conclave.tools.fetch import render_fetch as render
+async def run_verify(args: Mapping[str, Any], _invocation: Invocation) -> dict[str, Any]:
+    from conclave.tools.verify import run_verify as verify
 
-    return render(result)
-
-
-async def _verify(args: Mapping[str, Any], _ctx: ToolContext) -> dict[str, Any]:
-    from conclave.tools.verify import run_verify
-
-    return await run_verify(args)
-
-
-def render_verify(result: Mapping[str, Any]) -> str:
-    from conclave.tools.verify import render_verify as render
-
-    return render(result)
-
-
-FETCH = Tool(
-    name=FETCH_INFO.name,
-    title=FETCH_INFO.title,
-    description=FETCH_INFO.description,
-    handler=_fetch,
-    render=render_fetch,
-    annotations=FETCH_INFO.annotations,
-)
-
-
-VERIFY = Tool(
-    name=VERIFY_INFO.name,
-    title=VERIFY_INFO.title,
-    description=VERIFY_INFO.description,
-    handler=_verify,
-    render=render_verify,
-    annotations=VERIFY_INFO.annotations,
-)
+    return await verify(args)
 
 
 def build_registry() -> ToolRegistry:
-    return ToolRegistry([FETCH, VERIFY])
+    """The worker tools, as the catalog lists them."""
+    return ToolRegistry(tool for tool in TOOLS if tool.worker)

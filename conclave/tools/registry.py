@@ -1,55 +1,34 @@
-"""The tool registry: name -> (input schema, output schema, handler). The one way in for the
-server (F5) and the worker loop (F3). Schemas come from `schemas/` and compile at import."""
+"""The tools a panel member may call mid-answer, by name: the worker loop's one way to reach
+them. Each is a `catalog.ToolSpec`; the schemas load at construction, so a missing or broken
+file fails at start-up."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from conclave.errors import InvalidArguments, UnknownTool
-from conclave.schemas import acceptor, first_error, json_path, load_schema
-from conclave.telemetry import session
+from conclave.catalog import Invocation, ToolSpec
+from conclave.errors import UnknownTool
+from conclave.schemas import acceptor
 
 if TYPE_CHECKING:
     from conclave.tools.context import ToolContext
 
-Handler = Callable[[Mapping[str, Any], "ToolContext"], Awaitable[dict[str, Any]]]
-Renderer = Callable[[Mapping[str, Any]], str]
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    name: str
-    title: str
-    description: str
-    handler: Handler
-    render: Renderer
-    annotations: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def input_schema(self) -> dict[str, Any]:
-        return load_schema(f"{self.name}.input.json")
-
-    @property
-    def output_schema(self) -> dict[str, Any]:
-        return load_schema(f"{self.name}.output.json")
-
 
 class ToolRegistry:
-    def __init__(self, tools: Iterable[Tool]) -> None:
+    def __init__(self, tools: Iterable[ToolSpec]) -> None:
         self._tools = {tool.name: tool for tool in tools}
-        for tool in self._tools.values():  # load now: a missing or broken file fails at start-up
+        for tool in self._tools.values():
             for kind in ("input", "output"):
                 acceptor(f"{tool.name}.{kind}.json")
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._tools)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[ToolSpec]:
         return iter(self._tools.values())
 
-    def get(self, name: str) -> Tool:
+    def get(self, name: str) -> ToolSpec:
         try:
             return self._tools[name]
         except KeyError:
@@ -57,16 +36,8 @@ class ToolRegistry:
 
     def validate(self, name: str, args: Any) -> None:
         """Raise InvalidArguments with the validator's message and the failing JSON path."""
-        self.get(name)
-        error = first_error(f"{name}.input.json", args)
-        if error is not None:
-            raise InvalidArguments(error.message, path=json_path(error), tool=name)
+        self.get(name).validate(args)
 
     async def call(self, name: str, args: Mapping[str, Any], context: ToolContext) -> dict[str, Any]:
-        """Validate, then run with the call's session bound to every event it emits."""
-        self.validate(name, args)
-        session_id = args.get("session_id")
-        if isinstance(session_id, str):
-            with session(session_id):
-                return await self._tools[name].handler(args, context)
-        return await self._tools[name].handler(args, context)
+        """Run a tool on arguments its caller has validated (see `validate`)."""
+        return await self.get(name).run(args, Invocation(context))

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 import conclave
+from conclave.catalog import tool_spec
 from conclave.config import load_config
 from conclave.errors import ConfigError, InvalidArguments
 from conclave.runtime import Runtime, open_runtime
@@ -549,7 +550,7 @@ async def python_call(rt: Runtime, tool: str, args: Any) -> Any:
             return await call(**args)
     if tool in ("fetch", "verify"):
         return await rt.call_tool(tool, args)
-    return await Server(rt).tools[tool].call(rt, args, None)
+    return await Server(rt).run_tool(tool_spec(tool), args)
 
 
 def python_signature_case(case: Case) -> bool:

@@ -36,6 +36,7 @@ import orjson
 import pytest
 import yaml
 
+from conclave.catalog import tool_spec
 from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
@@ -325,7 +326,7 @@ async def in_process(evidence: Evidence, config: Config, page: str) -> None:
         )
         await expect_error(evidence, "verify bad", runtime.call_tool("verify", {"checks": "x"}))
         server = Server(runtime)
-        evidence.add("list_providers", await server.tools["list_providers"].call(runtime, {}, None))
+        evidence.add("list_providers", await server.run_tool(tool_spec("list_providers"), {}))
         for provider in MEMBERS:  # each client's own error, straight from the provider layer
             await expect_error(evidence, f"complete {provider}", probe(runtime, provider))
 
