@@ -15,7 +15,6 @@ from typing import Any
 import anyio
 import httpx
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, stop_never
 
 from conclave.breaker import CircuitBreaker, Clock
 from conclave.config import ProviderConfig, RetryConfig
@@ -85,23 +84,23 @@ class ProviderClient:
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
         started = self._clock()
-        retries = _CallRetries(self, deadline)
+        attempts = _Attempts(self, deadline)
         try:
             self._require_key()
             self.breaker.check()
             wire = _Outgoing.encode(self._endpoint, self.adapter.body(request, self.entry))
-            parsed = await retries.run(self._attempt, wire, deadline)
+            parsed = await attempts.run(wire)
         except ProviderError as exc:
-            final = retries.give_up(exc)
+            final = attempts.give_up(exc)
             final.provider = self.name
             self._settle_breaker(final)
-            self._emit_call(started, retries.attempts, error=final)
+            self._emit_call(started, attempts.count, error=final)
             if final is exc:
                 raise
             raise final from exc
         self.breaker.record_success()
-        completion = self._finish(parsed, started, retries.attempts)
-        self._emit_call(started, retries.attempts, completion=completion)
+        completion = self._finish(parsed, started, attempts.count)
+        self._emit_call(started, attempts.count, completion=completion)
         return completion
 
     def _require_key(self) -> None:
@@ -277,59 +276,47 @@ class _Outgoing:
         return cls(endpoint.url, endpoint.headers, bytes(memoryview(orjson.dumps(body))))
 
 
-class _CallRetries:
-    """One call's attempts, every one run by tenacity: `decide` judges each failure against the
-    deadline, and the last verdict explains why Conclave stopped asking."""
+class _Attempts:
+    """One call's attempts, made in one loop: `decide` judges each failure against the deadline,
+    and the last verdict explains why Conclave stopped asking."""
 
-    __slots__ = ("_client", "_deadline", "attempts", "decision")
+    __slots__ = ("_client", "_deadline", "count", "decision")
 
     def __init__(self, client: ProviderClient, deadline: float) -> None:
         self._client = client
         self._deadline = deadline
-        self.attempts = 0
+        self.count = 0
         self.decision: RetryDecision | None = None
 
-    async def run(self, attempt: Callable[..., Awaitable[ParsedCompletion]], *args: Any) -> ParsedCompletion:
-        retrying = AsyncRetrying(
-            retry=self._should_retry,
-            wait=self._wait,
-            stop=stop_never,  # `decide` counts the attempts
-            sleep=self._client._sleep,
-            before_sleep=self._announce,
-            reraise=True,
-        )
-        parsed: ParsedCompletion = await retrying(attempt, *args)
-        return parsed
-
-    def _should_retry(self, state: RetryCallState) -> bool:
-        self.attempts = state.attempt_number
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is None:
-            return False
+    async def run(self, wire: _Outgoing) -> ParsedCompletion:
         client = self._client
-        self.decision = decide(
-            exc,
-            attempt=state.attempt_number,
-            policy=client._retry,
-            remaining=self._deadline - client._clock(),
-            jitter=client._jitter,
-        )
-        return self.decision.retry
+        while True:
+            self.count += 1
+            try:
+                return await client._attempt(wire, self._deadline)
+            except ProviderError as exc:
+                self.decision = decide(
+                    exc,
+                    attempt=self.count,
+                    policy=client._retry,
+                    remaining=self._deadline - client._clock(),
+                    jitter=client._jitter,
+                )
+                if not self.decision.retry:
+                    raise
+                self._announce(exc, self.decision.delay)
+            await client._sleep(self.decision.delay)
 
-    def _wait(self, _state: RetryCallState) -> float:
-        return self.decision.delay if self.decision is not None else 0.0
-
-    def _announce(self, state: RetryCallState) -> None:
+    def _announce(self, exc: ProviderError, delay: float) -> None:
         client = self._client
-        exc = state.outcome.exception() if state.outcome is not None else None
         client._telemetry.emit(
             "provider_retry",
             provider=client.name,
             kind=client.entry.kind,
-            attempt=state.attempt_number,
-            delay_seconds=round(self._wait(state), 3),
-            code=getattr(exc, "code", "error"),
-            http_status=getattr(exc, "status", None),
+            attempt=self.count,
+            delay_seconds=round(delay, 3),
+            code=exc.code,
+            http_status=exc.status,
         )
 
     def give_up(self, exc: ProviderError) -> ProviderError:
@@ -337,7 +324,7 @@ class _CallRetries:
         exc.provider = self._client.name
         if self.decision is None or self.decision.retry:
             return exc
-        exc.message = explain_give_up(exc, self.decision, self.attempts)
+        exc.message = explain_give_up(exc, self.decision, self.count)
         exc.args = (exc.message,)
         # Only a timeout becomes a deadline error: a 429 or 503 whose wait would pass the deadline
         # is still the provider's answer, and its retry hint is what the caller needs.
