@@ -91,19 +91,24 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         headers: Mapping[str, str] | Sequence[tuple[str, str]],
         body: bytes,
         *,
+        total: float | None = None,
         connect: float | None = None,
         read: float | None = None,
         server_hostname: str | None = None,
     ) -> tuple[int, ResponseHeaders, bytes]:
         """Send one request and read the whole answer: (status, headers, body).
 
-        The provider client calls this directly, with plain values, inside its own cancel scope
-        (the call's deadline): no `httpx.Request` or `Response` is built. `connect` and `read`
-        are socket timers. Transport failures raise the httpx exceptions
-        `classify_transport_error` reads.
+        The provider client calls this directly, with plain values: no `httpx.Request` or
+        `Response` is built. `total` bounds the whole exchange on aiohttp's own timer (a bare
+        `TimeoutError` when it runs out); `connect` and `read` are socket timers. Transport
+        failures raise the httpx exceptions `classify_transport_error` reads.
         """
         session = self._session or self._open()
-        timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+        # no rounding up of the caller's deadline (aiohttp's default for timers past 5 s)
+        ceiling = 5.0 if total is None else total + 1.0
+        timeout = aiohttp.ClientTimeout(
+            total=total, sock_connect=connect, sock_read=read, ceil_threshold=ceiling
+        )
         try:
             async with session.request(
                 method,

@@ -118,15 +118,29 @@ class ProviderClient:
         if remaining <= 0:
             raise DeadlineExceeded("deadline reached before the provider answered", provider=self.name)
         budget = min(remaining, self._retry.attempt_timeout_seconds)
-        with anyio.move_on_after(budget):
-            async with self._limiter:
-                status, headers, body = await self._post(wire, budget)
-            return self._read(status, headers, body)
-        if budget < remaining:
-            raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name)
-        raise DeadlineExceeded(
-            f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
-        )
+        slot_asked = self._clock()
+        try:
+            await self._take_slot(budget)
+            try:  # the wait for the slot came out of the budget
+                status, headers, body = await self._post(wire, budget - (self._clock() - slot_asked))
+            finally:
+                self._limiter.release()
+        except TimeoutError:
+            if budget < remaining:
+                raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name) from None
+            raise DeadlineExceeded(
+                f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
+            ) from None
+        return self._read(status, headers, body)
+
+    async def _take_slot(self, seconds: float) -> None:
+        """One of the provider's concurrency slots: at once when one is free, else waited for at
+        most `seconds` (TimeoutError)."""
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            with anyio.fail_after(seconds):
+                await self._limiter.acquire()
 
     def _transport_failure(self, exc: httpx.HTTPError) -> ProviderError:
         failure = classify_transport_error(exc)
@@ -141,11 +155,17 @@ class ProviderClient:
         (tests' MockTransport): either way straight on the transport, since provider calls need
         none of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
         try:
-            if self._direct is not None:
+            if self._direct is not None:  # aiohttp's own timer bounds the whole exchange
                 return await self._direct.exchange(
-                    "POST", wire.url, wire.headers, wire.content, connect=_connect_timeout(seconds)
+                    "POST",
+                    wire.url,
+                    wire.headers,
+                    wire.content,
+                    total=seconds,
+                    connect=_connect_timeout(seconds),
                 )
-            return await self._post_httpx(wire, seconds)
+            with anyio.fail_after(seconds):  # an httpx transport has no timer for the whole exchange
+                return await self._post_httpx(wire, seconds)
         except httpx.HTTPError as exc:
             raise self._transport_failure(exc) from exc
 
