@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import httpx
 
-from conclave.config import Config, load_config
+from conclave.config import Config, CostCapMode, load_config
 from conclave.deliberation.confer import confer as _confer
 from conclave.deliberation.coordinate import coordinate as _coordinate
 from conclave.deliberation.results import ConferResult, CoordinateResult
@@ -31,9 +31,7 @@ from conclave.deliberation.session import ProgressSink
 from conclave.errors import ConclaveError
 from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import check_arguments
-
-CapMode = str  # "warn" | "enforce" | "off"
+from conclave.schemas import check_arguments, load_schema
 
 
 class Conclave:
@@ -80,25 +78,11 @@ class Conclave:
         dry_run: bool | None = None,
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
-        worker_tool_cost_cap_mode: CapMode | None = None,
+        worker_tool_cost_cap_mode: CostCapMode | None = None,
         progress: ProgressSink | None = None,
     ) -> ConferResult:
         """Ask every panel member (or `providers`) `question` at once."""
-        args = _arguments(
-            "confer",
-            question=question,
-            context=context,
-            system=system,
-            providers=providers,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            timeout_seconds=timeout_seconds,
-            session_id=session_id,
-            dry_run=dry_run,
-            worker_tools=worker_tools,
-            worker_tool_cost_cap_usd=worker_tool_cost_cap_usd,
-            worker_tool_cost_cap_mode=worker_tool_cost_cap_mode,
-        )
+        args = _arguments("confer", locals())
         return await _confer(self._open(), args, progress=progress)
 
     async def coordinate(
@@ -117,41 +101,25 @@ class Conclave:
         dry_run: bool | None = None,
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
-        worker_tool_cost_cap_mode: CapMode | None = None,
+        worker_tool_cost_cap_mode: CostCapMode | None = None,
         progress: ProgressSink | None = None,
     ) -> CoordinateResult:
         """Run a proposer -> critics -> synthesizer debate on `task`."""
-        args = _arguments(
-            "coordinate",
-            task=task,
-            context=context,
-            proposer=proposer,
-            critics=critics,
-            synthesizer=synthesizer,
-            rounds=rounds,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            timeout_seconds=timeout_seconds,
-            session_id=session_id,
-            dry_run=dry_run,
-            worker_tools=worker_tools,
-            worker_tool_cost_cap_usd=worker_tool_cost_cap_usd,
-            worker_tool_cost_cap_mode=worker_tool_cost_cap_mode,
-        )
+        args = _arguments("coordinate", locals())
         return await _coordinate(self._open(), args, progress=progress)
 
     async def fetch(
         self, url: str, *, max_bytes: int | None = None, session_id: str | None = None
     ) -> dict[str, Any]:
         """Fetch one http(s) URL under the configured policies; the `fetch` tool's result."""
-        args = _arguments("fetch", url=url, max_bytes=max_bytes, session_id=session_id)
+        args = _arguments("fetch", locals())
         return await run_tool(self._open(), "fetch", args)
 
     async def verify(
         self, checks: Sequence[Mapping[str, Any]], *, session_id: str | None = None
     ) -> dict[str, Any]:
         """Run deterministic checks; the `verify` tool's result."""
-        args = _arguments("verify", checks=[dict(check) for check in checks], session_id=session_id)
+        args = _arguments("verify", locals())
         return await run_tool(self._open(), "verify", args)
 
     def _open(self) -> Runtime:
@@ -184,21 +152,15 @@ def coordinate_sync(task: str, **arguments: Any) -> CoordinateResult:
     return result
 
 
-def _arguments(tool: str, **given: Any) -> dict[str, Any]:
-    """The tool's arguments as the server would receive them: the ones given, as JSON values,
-    valid against the tool's input schema (else InvalidArguments naming the failing path)."""
-    args = {name: list(value) if isinstance(value, tuple) else value for name, value in given.items()}
-    args = {name: value for name, value in args.items() if value is not None}
+def _arguments(tool: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's arguments, from a method's keywords, as the server would receive them: those
+    the tool's input schema names and the caller gave, as JSON values, valid against that schema
+    (else InvalidArguments naming the failing path)."""
+    names = load_schema(f"{tool}.input.json")["properties"]
+    args = {name: _json(value) for name, value in given.items() if name in names and value is not None}
     check_arguments(f"{tool}.input.json", args, tool=tool)
     return args
 
 
-__all__: Sequence[str] = [
-    "Conclave",
-    "ConferResult",
-    "CoordinateResult",
-    "confer",
-    "confer_sync",
-    "coordinate",
-    "coordinate_sync",
-]
+def _json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -57,9 +57,14 @@ class _Confer:
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:
         tools = self.session.tools.accepted
         done[name] = answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
-        await self.session.report(
-            provider=name, status=answer.status, done=len(done), total=len(self.providers)
-        )
+        if self.session.progress is not None:
+            step = {
+                "provider": name,
+                "status": answer.status,
+                "done": len(done),
+                "total": len(self.providers),
+            }
+            await self.session.progress(step)
 
     def _result(self, answers: list[Answer], plan: Mapping[str, Any] | None = None) -> ConferResult:
         totals = Totals.of(answers)

@@ -154,13 +154,16 @@ class _Debate:
         if first.ok:
             answer = await self._envelope_of(answer, messages)
         self.all_answers.append(answer)
-        await self.session.report(
-            role=role,
-            provider=answer.provider,
-            status=answer.status,
-            round=number,
-            done=len(self.all_answers),
-        )
+        if self.session.progress is not None:
+            done = len(self.all_answers)
+            step = {
+                "role": role,
+                "provider": answer.provider,
+                "status": answer.status,
+                "round": number,
+                "done": done,
+            }
+            await self.session.progress(step)
         return answer
 
     async def _envelope_of(self, first: RoleAnswer, messages: tuple[Message, ...]) -> RoleAnswer:

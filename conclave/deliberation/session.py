@@ -138,10 +138,6 @@ class Session:
     def planned_call(self, name: str, shape: TurnShape, **options: Any) -> dict[str, Any]:
         return planned_call(self.runtime.config, name, shape, **options)
 
-    async def report(self, **fields: Any) -> None:
-        if self.progress is not None:
-            await self.progress(fields)
-
     def tool_use(
         self,
         reports: Mapping[str, Sequence[CostCapReport]],
