@@ -40,8 +40,9 @@ class Conclave:
     def __init__(
         self, config: Config | str | None = None, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
-        """`config`: a Config, a path, or None to discover one; `transport`: what provider calls go
-        through (by default aiohttp's; tests and benchmarks hand in their own, as with httpx)."""
+        """`config`: a Config, a path, or None to discover one; `transport`: what every HTTP
+        request (provider calls and fetches) goes through, by default aiohttp's; tests and
+        benchmarks hand in their own, as with httpx."""
         self._config = config if isinstance(config, Config) else load_config(config)
         self._transport = transport
         self._stack: contextlib.AsyncExitStack | None = None

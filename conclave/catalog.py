@@ -165,7 +165,8 @@ TOOLS = (
         title="List providers",
         description=(
             "Every configured provider: kind, model, whether its key is present (never the key), whether "
-            "it is in the default panel, and its breaker state."
+            "it is in the default panel, its debate roles, whether its price is known, and its breaker "
+            "state."
         ),
         annotations={"readOnlyHint": True, "openWorldHint": False, "idempotentHint": True},
         handler_path="conclave.server.handlers:run_list_providers",
