@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 import anyio
 import httpx
 
-from conclave.breaker import CircuitBreaker
+from conclave.breaker import CircuitBreaker, Clock
 from conclave.budgets import EgressLedger
 from conclave.config import Config
 from conclave.telemetry import Telemetry
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
-Clock = Callable[[], float]
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
