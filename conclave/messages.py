@@ -2,19 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any, Literal, Protocol
 
 from conclave.records import record
 
 Speaker = Literal["user", "assistant"]
+ToolChoice = Literal["auto", "none"]
+
+
+@record
+class ToolDeclaration:
+    """A tool as a model is told of it natively: its name, what it does, and the JSON Schema of
+    its arguments (the tool's input schema without what Conclave injects)."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@record
+class ToolUse:
+    """A tool call a model made natively. `arguments` is None when they could not be read under
+    the strict rules of a `<tool_call>` tag (duplicate keys, NaN, size, depth): `error` says why,
+    and the call is refused as a `parse_error`, never run."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] | None
+    error: str | None = None
+
+
+@record
+class ToolReturn:
+    """What answers one ToolUse: the wrapped result text (or refusal) the model reads next."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
 
 
 @record
 class Message:
+    """One message of a conversation. An assistant message that called tools natively carries
+    its calls and `echo`, the provider's own content to repeat unchanged on the next request
+    (thinking blocks and signatures); the user message after it carries one ToolReturn per call."""
+
     role: Speaker
     content: str
+    tool_uses: tuple[ToolUse, ...] = ()
+    tool_returns: tuple[ToolReturn, ...] = ()
+    echo: Any = None
 
 
 @record
@@ -25,6 +65,8 @@ class CompletionRequest:
     system: str | None = None
     max_tokens: int = 1024
     temperature: float | None = None
+    tools: tuple[ToolDeclaration, ...] = ()  # declared natively; empty: no tools in the request
+    tool_choice: ToolChoice = "auto"  # "none": the declarations stay, calls are forbidden (a final round)
 
     @classmethod
     def ask(cls, question: str, **kwargs: Any) -> CompletionRequest:
@@ -110,6 +152,8 @@ class Completion:
     latency_ms: float = 0.0
     attempts: int = 1
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    tool_uses: tuple[ToolUse, ...] = ()  # the model's native calls, in the order given
+    echo: Any = None  # the provider's own assistant content, to repeat unchanged (see Message)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, NoReturn
+
+import orjson
+
+from conclave.jsonshape import a_json_type, nests_deeper_than
 
 
 class StrictJSONError(ValueError):
@@ -43,3 +48,31 @@ def strict_decoder(where: str) -> json.JSONDecoder:
 def quote_key(key: str) -> str:
     # repr escapes control characters; the cap keeps a huge key from bloating the message.
     return repr(key) if len(key) <= 60 else repr(key[:60]) + "..."
+
+
+MAX_ARGUMENT_BYTES = 16 * 1024  # a tool call's arguments, as a `<tool_call>` tag bounds them
+MAX_ARGUMENT_DEPTH = 20  # JSON nesting (objects + arrays)
+_ARGUMENTS = strict_decoder("tool call arguments")
+
+
+def tool_arguments(raw: str | Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """A native tool call's arguments under the rules a `<tool_call>` tag's JSON obeys: a JSON
+    object (a string from OpenAI-style providers, already decoded from the others) of at most
+    MAX_ARGUMENT_BYTES, nested at most MAX_ARGUMENT_DEPTH deep, with no duplicate keys and only
+    finite numbers. Returns (arguments, None), or (None, why) for a parse_error refusal."""
+    if raw is None or raw == "":
+        return {}, None  # a call with no arguments (OpenAI sends "", Gemini may omit them)
+    text = raw if isinstance(raw, str) else orjson.dumps(raw).decode()
+    if len(text.encode("utf-8")) > MAX_ARGUMENT_BYTES:
+        return None, f"tool call arguments larger than {MAX_ARGUMENT_BYTES // 1024} KiB"
+    try:
+        value = _ARGUMENTS.decode(text) if isinstance(raw, str) else raw
+    except RecursionError:
+        return None, f"tool call arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    except ValueError as exc:  # StrictJSONError and JSONDecodeError included
+        return None, f"invalid tool call arguments: {str(exc)[:160]}"
+    if not isinstance(value, dict):
+        return None, f"tool call arguments must be a JSON object, not {a_json_type(value)}"
+    if nests_deeper_than(value, MAX_ARGUMENT_DEPTH):
+        return None, f"tool call arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    return dict(value), None

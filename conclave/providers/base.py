@@ -17,7 +17,7 @@ from conclave.errors import (
     TransientProviderError,
 )
 from conclave.http import ResponseHeaders
-from conclave.messages import CompletionRequest, Usage
+from conclave.messages import CompletionRequest, ToolUse, Usage
 from conclave.records import record
 
 Headers = ResponseHeaders  # a response's headers, as the transport hands them over (see conclave.http)
@@ -48,6 +48,8 @@ class ParsedCompletion:
     usage: Usage
     model: str
     request_id: str | None
+    tool_uses: tuple[ToolUse, ...] = ()
+    echo: Any = None  # the assistant content to repeat unchanged on the next request
 
 
 @record

@@ -233,6 +233,8 @@ class ProviderClient:
             latency_ms=(self._clock() - started) * 1000.0,
             attempts=attempts,
             warnings=("price_unknown",) if cost is None else (),
+            tool_uses=parsed.tool_uses,
+            echo=parsed.echo,
         )
 
     def _settle_breaker(self, exc: ProviderError) -> None:
