@@ -155,16 +155,18 @@ class _Debate:
             answer = await self._envelope_of(answer, messages)
         self.all_answers.append(answer)
         if self.session.progress is not None:
-            done = len(self.all_answers)
-            step = {
-                "role": role,
-                "provider": answer.provider,
-                "status": answer.status,
-                "round": number,
-                "done": done,
-            }
-            await self.session.progress(step)
+            await self.session.progress(self._step(answer))
         return answer
+
+    def _step(self, answer: RoleAnswer) -> dict[str, Any]:
+        """A progress step: one role has answered."""
+        return {
+            "role": answer.role,
+            "provider": answer.provider,
+            "status": answer.status,
+            "round": answer.round,
+            "done": len(self.all_answers),
+        }
 
     async def _envelope_of(self, first: RoleAnswer, messages: tuple[Message, ...]) -> RoleAnswer:
         """The envelope in the first reply, or in the reply to one re-prompt with the errors."""
