@@ -1,13 +1,20 @@
 """Anthropic Messages wire (WIRE.md §3): `system` is top-level, `max_tokens` is required,
-and `input_tokens` excludes cached tokens."""
+and `input_tokens` excludes cached tokens.
+
+Native tools (SPEC §7): declared as `tools[{name, description, input_schema}]`; calls come back
+as `tool_use` content blocks matched to their results by the block's own `toolu_…` id. The
+assistant turn that made them is repeated as the very blocks the response held (`echo`):
+with extended thinking the API rejects a tool loop whose `thinking` / `redacted_thinking`
+blocks come back altered or without their signatures."""
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, ClassVar
 
 from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Usage
+from conclave.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -18,6 +25,7 @@ from conclave.providers.base import (
     bare_model,
     header_text,
 )
+from conclave.strictjson import tool_arguments
 
 API_VERSION = "2023-06-01"
 # Claude Opus 4.7 / 4.8 / 5 reject sampling settings altogether (pydantic-ai profile).
@@ -45,24 +53,33 @@ class AnthropicAdapter:
         body: dict[str, Any] = {
             "model": entry.model,
             "max_tokens": request.max_tokens,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": [_message(m) for m in request.messages],
         }
         if request.system:
             body["system"] = request.system
         if request.temperature is not None and not _NO_SAMPLING.match(bare_model(entry.model)):
             body["temperature"] = min(request.temperature, 1.0)
+        if request.tools:
+            body["tools"] = [_declaration(t) for t in request.tools]
+            if request.tool_choice == "none":
+                # Keeps the declarations (the history's tool_use blocks need them) but forbids calls.
+                body["tool_choice"] = {"type": "none"}
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         blocks = body["content"]
         text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         stop = body.get("stop_reason") or "end_turn"
+        uses = tuple(_tool_use(b) for b in blocks if b.get("type") == "tool_use")
         return ParsedCompletion(
             text=text,
             finish_reason=_FINISH.get(stop, stop),
             usage=_usage(body.get("usage") or {}),
             model=body.get("model") or entry.model,
             request_id=header_text(headers, "request-id") or body.get("id"),
+            tool_uses=uses,
+            # Only a turn with calls is repeated: a plain answer ends the loop, nothing follows it.
+            echo=copy.deepcopy(blocks) if uses else None,
         )
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
@@ -78,6 +95,51 @@ class AnthropicAdapter:
             request_id=request_id,
             sticky_quota=code == "billing_error",
         )
+
+
+def _message(m: Message) -> dict[str, Any]:
+    if m.tool_returns:
+        return {"role": m.role, "content": _results(m)}
+    if m.echo is not None:
+        return {"role": m.role, "content": m.echo}
+    if m.tool_uses:
+        return {"role": m.role, "content": _calls(m)}
+    return {"role": m.role, "content": m.content}
+
+
+def _calls(m: Message) -> list[dict[str, Any]]:
+    """An assistant turn rebuilt from its calls, for a history that kept no echo. The API
+    rejects empty text blocks, hence none for an empty text."""
+    text = [{"type": "text", "text": m.content}] if m.content else []
+    return text + [
+        {"type": "tool_use", "id": u.id, "name": u.name, "input": dict(u.arguments or {})}
+        for u in m.tool_uses
+    ]
+
+
+def _results(m: Message) -> list[dict[str, Any]]:
+    """One tool_result block per return, in order. They must open the user turn (the API
+    rejects text before them), so any text of the message follows them."""
+    blocks: list[dict[str, Any]] = []
+    for r in m.tool_returns:
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": r.call_id, "content": r.content}
+        if r.is_error:
+            block["is_error"] = True
+        blocks.append(block)
+    if m.content:
+        blocks.append({"type": "text", "text": m.content})
+    return blocks
+
+
+def _declaration(tool: ToolDeclaration) -> dict[str, Any]:
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+
+
+def _tool_use(block: dict[str, Any]) -> ToolUse:
+    # `input` arrives decoded with the body, so the strict rules see it after the body's own
+    # decoder: size, depth and type are checked here; a duplicate key has already collapsed.
+    arguments, error = tool_arguments(block.get("input"))
+    return ToolUse(id=block["id"], name=block["name"], arguments=arguments, error=error)
 
 
 def _usage(raw: dict[str, Any]) -> Usage:
