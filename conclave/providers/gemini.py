@@ -1,13 +1,19 @@
 """Google Gemini generateContent wire (WIRE.md §4): `systemInstruction` + `contents` with
-roles user/model, the key in `x-goog-api-key` (never the URL), thoughts counted apart."""
+roles user/model, the key in `x-goog-api-key` (never the URL), thoughts counted apart.
+
+Native tools (SPEC §7): declarations as `functionDeclarations` with `parametersJsonSchema`;
+calls are `functionCall` parts, whose model turn is repeated unchanged (thoughtSignature and
+thought parts included); results go back as one user turn of `functionResponse` parts."""
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any, ClassVar
 from urllib.parse import quote
 
 from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Usage
+from conclave.messages import CompletionRequest, Message, ToolReturn, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -17,6 +23,7 @@ from conclave.providers.base import (
     as_int,
     parse_duration,
 )
+from conclave.strictjson import tool_arguments
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 _FILTERED = frozenset(
@@ -24,6 +31,10 @@ _FILTERED = frozenset(
 )
 _RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
+# Gemini may give a call no id; it then pairs responses with calls by name and order, which the
+# tool-result turn keeps. Such a call is named `call-<its index among the turn's calls>`, a name
+# never sent back (were a real id of that shape left off, name and order would still pair it).
+_MADE_UP_ID = re.compile(r"call-\d+")
 
 
 class GeminiAdapter:
@@ -37,16 +48,22 @@ class GeminiAdapter:
         return Endpoint(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers)
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
-        contents = [
-            {"role": "model" if m.role == "assistant" else "user", "parts": [{"text": m.content}]}
-            for m in request.messages
-        ]
+        contents = [_content(m) for m in request.messages]
         config: dict[str, Any] = {"maxOutputTokens": request.max_tokens}
         if request.temperature is not None:
             config["temperature"] = request.temperature
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
         if request.system:
             body["systemInstruction"] = {"parts": [{"text": request.system}]}
+        if request.tools:
+            declarations = [
+                {"name": t.name, "description": t.description, "parametersJsonSchema": t.parameters}
+                for t in request.tools
+            ]
+            body["tools"] = [{"functionDeclarations": declarations}]
+            if request.tool_choice == "none":
+                # The declarations stay so the history's calls remain valid; only new calls are off.
+                body["toolConfig"] = {"functionCallingConfig": {"mode": "NONE"}}
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
@@ -62,7 +79,12 @@ class GeminiAdapter:
         candidate = candidates[0]
         parts = (candidate.get("content") or {}).get("parts") or []
         text = "".join(p.get("text", "") for p in parts if not p.get("thought"))
-        return ParsedCompletion(text, _finish(candidate.get("finishReason")), usage, model, request_id)
+        uses = _tool_uses(parts)
+        # Gemini 3 rejects a call turn whose thoughtSignature is missing or moved: the whole turn
+        # goes back as it came, thought parts and all.
+        echo = {"role": "model", "parts": copy.deepcopy(parts)} if uses else None
+        finish = _finish(candidate.get("finishReason"))
+        return ParsedCompletion(text, finish, usage, model, request_id, tool_uses=uses, echo=echo)
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
         err = body.get("error") if isinstance(body, dict) else None
@@ -80,6 +102,61 @@ class GeminiAdapter:
             retry_after=retry_after,
             sticky_quota=_daily_quota(details),
         )
+
+
+def _content(message: Message) -> dict[str, Any]:
+    if message.role == "assistant":
+        if message.echo is not None:
+            return dict(message.echo)
+        return {"role": "model", "parts": _text_parts(message.content) + _call_parts(message.tool_uses)}
+    if message.tool_returns:
+        parts = [_response_part(r) for r in message.tool_returns] + _text_parts(message.content)
+        return {"role": "user", "parts": parts}
+    return {"role": "user", "parts": [{"text": message.content}]}
+
+
+def _text_parts(text: str) -> list[dict[str, Any]]:
+    return [{"text": text}] if text else []
+
+
+def _call_parts(uses: tuple[ToolUse, ...]) -> list[dict[str, Any]]:
+    """Calls with no echo to repeat (not read from a Gemini response): rebuilt from their values."""
+    parts: list[dict[str, Any]] = []
+    for use in uses:
+        call: dict[str, Any] = {"name": use.name, "args": dict(use.arguments or {})}
+        if (wire_id := _wire_id(use.id)) is not None:
+            call["id"] = wire_id
+        parts.append({"functionCall": call})
+    return parts
+
+
+def _response_part(result: ToolReturn) -> dict[str, Any]:
+    response: dict[str, Any] = {"name": result.name}
+    if (wire_id := _wire_id(result.call_id)) is not None:
+        response["id"] = wire_id
+    response["response"] = {"error" if result.is_error else "output": result.content}
+    return {"functionResponse": response}
+
+
+def _wire_id(call_id: str) -> str | None:
+    return None if _MADE_UP_ID.fullmatch(call_id) else call_id
+
+
+def _tool_uses(parts: list[dict[str, Any]]) -> tuple[ToolUse, ...]:
+    calls = [p["functionCall"] for p in parts if isinstance(p.get("functionCall"), dict)]
+    return tuple(_tool_use(call, index) for index, call in enumerate(calls))
+
+
+def _tool_use(call: dict[str, Any], index: int) -> ToolUse:
+    # Gemini sends `args` as an object, and leaves it out for a call without arguments.
+    arguments, error = tool_arguments(call.get("args"))
+    call_id = call.get("id")
+    return ToolUse(
+        id=call_id if isinstance(call_id, str) and call_id else f"call-{index}",
+        name=str(call.get("name") or ""),
+        arguments=arguments,
+        error=error,
+    )
 
 
 def _finish(reason: str | None) -> str:
