@@ -61,8 +61,12 @@ async def test_one_client_opens_its_runtime_once_for_many_calls(
 
 
 @pytest.mark.anyio
-async def test_a_client_used_outside_its_block_says_how_to_open_it(make_config: Callable[..., Config]) -> None:
-    client = conclave.Conclave(make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}}))
+async def test_a_client_used_outside_its_block_says_how_to_open_it(
+    make_config: Callable[..., Config],
+) -> None:
+    client = conclave.Conclave(
+        make_config({"a": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+    )
     with pytest.raises(ConclaveError, match="async with"):
         await client.confer("Which?")
 

@@ -311,12 +311,20 @@ async def serve_session(evidence: Evidence, tmp_path: Path, config: Path, page: 
 async def in_process(evidence: Evidence, config: Config, page: str) -> None:
     async with open_runtime(config) as runtime:
         for fault in all_faults():
-            evidence.add(f"confer FAULT:{fault}", (await confer(runtime, {"question": f"FAULT:{fault}"})).to_dict())
+            evidence.add(
+                f"confer FAULT:{fault}", (await confer(runtime, {"question": f"FAULT:{fault}"})).to_dict()
+            )
         for fault in ("401", "500", "malformed", "quota"):
-            evidence.add(f"coordinate FAULT:{fault}", (await coordinate(runtime, {"task": f"FAULT:{fault}"})).to_dict())
+            evidence.add(
+                f"coordinate FAULT:{fault}", (await coordinate(runtime, {"task": f"FAULT:{fault}"})).to_dict()
+            )
         tools = {"worker_tools": ["fetch", "verify"]}
-        evidence.add("confer with tools", (await confer(runtime, {"question": "TOOLS please", **tools})).to_dict())
-        evidence.add("coordinate with tools", (await coordinate(runtime, {"task": "TOOLS please", **tools})).to_dict())
+        evidence.add(
+            "confer with tools", (await confer(runtime, {"question": "TOOLS please", **tools})).to_dict()
+        )
+        evidence.add(
+            "coordinate with tools", (await coordinate(runtime, {"task": "TOOLS please", **tools})).to_dict()
+        )
         evidence.add("fetch", await runtime.call_tool("fetch", {"url": page}))
         for refused in ("http://169.254.169.254/", "http://127.0.0.1:1/", "file:///etc/passwd"):
             await expect_error(evidence, f"fetch {refused}", runtime.call_tool("fetch", {"url": refused}))
