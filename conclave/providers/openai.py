@@ -3,14 +3,16 @@ Ollama, vLLM and llama.cpp. Only mapping lives here; see WIRE.md §2 for the fac
 
 from __future__ import annotations
 
+import copy
 import re
 from functools import lru_cache
 from typing import Any, ClassVar
 
 import httpx
+import orjson
 
 from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Usage
+from conclave.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -21,11 +23,19 @@ from conclave.providers.base import (
     bare_model,
     header_text,
 )
+from conclave.strictjson import tool_arguments
 
 # Models that always reason and so reject sampling parameters and `max_tokens`
 # (pydantic-ai's OpenAI profile, verified against the live API 2026-07).
 _REASONING = re.compile(r"^(o\d|gpt-5($|-mini|-nano|-\d{4}|-pro)|gpt-5\.[5-9]|gpt-5\.\d+-chat)")
 _SYSTEM_AS_USER = re.compile(r"^o1-mini")
+# What of a response's assistant message goes back on the next request. Not the whole message:
+# strict servers reject fields they send but do not take (Groq 400s on its own `reasoning`,
+# karthink/gptel#774), and `refusal`/`annotations` are response-only. `reasoning_content` is
+# DeepSeek's thinking, which it requires back within a tool-call turn (400 "must be passed
+# back", api-docs.deepseek.com/guides/thinking_mode#tool-calls); `reasoning_details` is
+# OpenRouter's, which carries upstream thought signatures.
+_ECHOED = ("role", "content", "tool_calls", "reasoning_content", "reasoning_details")
 
 
 def is_reasoning_model(entry: ProviderConfig) -> bool:
@@ -63,11 +73,12 @@ class OpenAIAdapter:
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         reasoning = is_reasoning_model(entry)
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if request.system:
             role = "user" if _SYSTEM_AS_USER.match(bare_model(entry.model)) else "system"
             messages.append({"role": role, "content": request.system})
-        messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        for m in request.messages:
+            messages += _wire_messages(m)
         body: dict[str, Any] = {
             "model": entry.model,
             "messages": messages,
@@ -75,12 +86,18 @@ class OpenAIAdapter:
         }
         if request.temperature is not None and not reasoning:
             body["temperature"] = request.temperature
+        if request.tools:
+            body["tools"] = [_declaration(t) for t in request.tools]
+            if request.tool_choice == "none":  # "auto" is the default whenever tools are declared
+                body["tool_choice"] = "none"
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         choice = body["choices"][0]
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
         return ParsedCompletion(
-            text=_content_text(choice["message"].get("content")),
+            text=_content_text(message.get("content")),
             finish_reason=choice.get("finish_reason") or "stop",
             usage=_usage(body.get("usage") or {}),
             model=body.get("model") or entry.model,
@@ -88,6 +105,8 @@ class OpenAIAdapter:
             or header_text(headers, "mistral-correlation-id")
             or (body.get("x_groq") or {}).get("id")
             or body.get("id"),
+            tool_uses=tuple(_tool_use(call, index) for index, call in enumerate(calls)),
+            echo={k: copy.deepcopy(message[k]) for k in _ECHOED if k in message} if calls else None,
         )
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails:
@@ -103,6 +122,54 @@ class OpenAIAdapter:
         return ErrorDetails(
             message=message, code=str(code) if code else None, request_id=header_text(headers, "x-request-id")
         )
+
+
+def _declaration(tool: ToolDeclaration) -> dict[str, Any]:
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    return {"type": "function", "function": function}
+
+
+def _wire_messages(m: Message) -> list[dict[str, Any]]:
+    """One neutral message as chat messages: a plain turn, an assistant turn with its calls,
+    or one `tool` message per return (and the user's text after them, if any)."""
+    if m.role == "assistant" and m.echo is not None:
+        return [m.echo]  # the provider's own message, ids and reasoning fields as it sent them
+    if m.role == "assistant" and m.tool_uses:
+        return [_assistant_turn(m)]
+    if not m.tool_returns:
+        return [{"role": m.role, "content": m.content}]
+    results = [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in m.tool_returns]
+    # A refusal has no flag on this wire: is_error is already said by the content's own words.
+    return results + ([{"role": "user", "content": m.content}] if m.content else [])
+
+
+def _assistant_turn(m: Message) -> dict[str, Any]:
+    """A call turn rebuilt from neutral values, when no echo was kept (arguments that could not
+    be read go back as {}, as their raw text is gone)."""
+    calls = [
+        {
+            "id": use.id,
+            "type": "function",
+            "function": {"name": use.name, "arguments": orjson.dumps(dict(use.arguments or {})).decode()},
+        }
+        for use in m.tool_uses
+    ]
+    # OpenAI itself answers a calls-only turn with content null.
+    return {"role": "assistant", "content": m.content or None, "tool_calls": calls}
+
+
+def _tool_use(call: Any, index: int) -> ToolUse:
+    """One of `message.tool_calls`; its arguments (a JSON string here) under the strict rules.
+    A server that gives no id (some local ones) gets `call-<index>`, and its result is sent
+    back under that id, in the same order as the calls."""
+    function = call.get("function") or {}
+    arguments, error = tool_arguments(function.get("arguments"))
+    return ToolUse(
+        id=call.get("id") or f"call-{index}",
+        name=str(function.get("name") or ""),
+        arguments=arguments,
+        error=error,
+    )
 
 
 def _content_text(content: Any) -> str:
