@@ -5,7 +5,7 @@ adapters at `panel.base_url(kind)`, and script each model with a `Scenario`.
 """
 
 from conclave.sim.recording import ReceivedRequest, mask_secret
-from conclave.sim.scenarios import Reply, Rule, Scenario
+from conclave.sim.scenarios import NativeCall, Reply, Rule, Scenario
 from conclave.sim.server import SimPanel
 
-__all__ = ["ReceivedRequest", "Reply", "Rule", "Scenario", "SimPanel", "mask_secret"]
+__all__ = ["NativeCall", "ReceivedRequest", "Reply", "Rule", "Scenario", "SimPanel", "mask_secret"]

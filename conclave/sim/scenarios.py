@@ -35,8 +35,44 @@ _PHRASINGS = (
 
 
 @dataclass(frozen=True)
+class NativeCall:
+    """One native tool call a scripted reply makes.
+
+    `arguments` is a JSON object, or a raw string sent as OpenAI's `function.arguments` as
+    written (so a test can send a duplicate key or broken JSON); the other wires send a string
+    decoded, as their own decoders would. `id` is generated where the service generates one.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a tool call needs a non-empty name")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> NativeCall:
+        _check_keys(d, "tool call", _CALL_TYPES)
+        if "name" not in d:
+            raise ValueError("tool call is missing field(s) ['name']")
+        for key, value in d.items():
+            _check_type(f"tool_call.{key}", value, _CALL_TYPES[key])
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        arguments = self.arguments if isinstance(self.arguments, str) else dict(self.arguments)
+        return {"name": self.name, "arguments": arguments, "id": self.id}
+
+
+@dataclass(frozen=True)
 class Reply:
-    """One scripted answer. The defaults give the deterministic default answer."""
+    """One scripted answer. The defaults give the deterministic default answer.
+
+    `tool_calls` makes it a native tool-calling turn; `thinking` adds the reasoning the service
+    shows (an Anthropic thinking block with its signature, a Gemini thought part and a
+    thoughtSignature), which the panel then checks comes back unchanged.
+    """
 
     text: str | None = None
     status: int = 200
@@ -51,8 +87,11 @@ class Reply:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     model: str | None = None
+    tool_calls: tuple[NativeCall, ...] = ()
+    thinking: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
         if not 100 <= self.status <= 599:
             raise ValueError(f"reply status must be an HTTP status (100-599), got {self.status}")
         if self.fault is not None and self.fault not in FAULTS:
@@ -73,11 +112,13 @@ class Reply:
         headers = d.get("headers", {})
         for name, value in headers.items():
             _check_type(f"reply.headers[{name!r}]", value, (str,))
-        return cls(**{**d, "headers": dict(headers)})
+        calls = tuple(NativeCall.from_dict(c) for c in d.get("tool_calls", []))
+        return cls(**{**d, "headers": dict(headers), "tool_calls": calls})
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["headers"] = dict(self.headers)
+        out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
         return out
 
 
@@ -100,11 +141,16 @@ class Rule:
 
 @dataclass(frozen=True)
 class Scenario:
-    """The script of one model: rules first, then replies in call order."""
+    """The script of one model: rules first, then replies in call order.
+
+    `rejects_tools` plays a model served without tool support: any request declaring tools is
+    a 400 saying so, as OpenAI-compatible servers answer, and consumes no step of the script.
+    """
 
     replies: tuple[Reply, ...] = ()
     rules: tuple[Rule, ...] = ()
     latency_ms: float | None = None
+    rejects_tools: bool = False
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so a script cannot change under the panel.
@@ -115,7 +161,12 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: Any) -> Scenario:
-        types = {"replies": (list,), "rules": (list,), "latency_ms": _NUMBER_OR_NONE}
+        types = {
+            "replies": (list,),
+            "rules": (list,),
+            "latency_ms": _NUMBER_OR_NONE,
+            "rejects_tools": (bool,),
+        }
         _check_keys(d, "scenario", types)
         for key, value in d.items():
             _check_type(f"scenario.{key}", value, types[key])
@@ -123,6 +174,7 @@ class Scenario:
             replies=tuple(Reply.from_dict(r) for r in d.get("replies", [])),
             rules=tuple(Rule.from_dict(r) for r in d.get("rules", [])),
             latency_ms=d.get("latency_ms"),
+            rejects_tools=d.get("rejects_tools", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,6 +182,7 @@ class Scenario:
             "replies": [r.to_dict() for r in self.replies],
             "rules": [r.to_dict() for r in self.rules],
             "latency_ms": self.latency_ms,
+            "rejects_tools": self.rejects_tools,
         }
 
 
@@ -191,7 +244,10 @@ _REPLY_TYPES: dict[str, tuple[type, ...]] = {
     "reasoning_tokens": (int,),
     "cached_tokens": (int,),
     "model": _STR_OR_NONE,
+    "tool_calls": (list,),
+    "thinking": _STR_OR_NONE,
 }
+_CALL_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "arguments": (dict, str), "id": _STR_OR_NONE}
 
 
 def _check_keys(d: Any, what: str, allowed: Mapping[str, object], *, required: bool = False) -> None:
@@ -207,6 +263,6 @@ def _check_keys(d: Any, what: str, allowed: Mapping[str, object], *, required: b
 
 def _check_type(where: str, value: Any, types: tuple[type, ...]) -> None:
     # bool is an int to Python but never a valid count or status in a script.
-    if isinstance(value, bool) or not isinstance(value, types):
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ValueError(f"{where} must be {names}, got {value!r}")

@@ -179,8 +179,10 @@ class SimPanel:
     async def _answer(
         self, request: web.Request, kind: Kind, parsed: wire.ParsedRequest, seq: int
     ) -> web.StreamResponse:
-        call = self._calls[parsed.model] = self._calls.get(parsed.model, 0) + 1
         scenario = self._scenarios.get(parsed.model)
+        if scenario is not None and scenario.rejects_tools and parsed.declares_tools:
+            return _error_response(kind, wire.tools_unsupported(parsed.model), parsed.model, seq)
+        call = self._calls[parsed.model] = self._calls.get(parsed.model, 0) + 1
         reply = choose_reply(scenario, call, parsed.last_text) or _DEFAULT_REPLY
         delay_ms = resolve_latency_ms(reply, scenario, self._latency_ms)
         if delay_ms > 0:
@@ -251,16 +253,20 @@ class SimPanel:
 def build_answer(parsed: wire.ParsedRequest, reply: Reply, *, call: int, seq: int) -> wire.Answer:
     """The turn a scripted reply (or the default answer) amounts to for this request."""
     text, finish = _answer_text(parsed, reply, call)
+    calls = () if reply.fault == "empty" else reply.tool_calls
+    written = text + "".join(str(c.arguments) for c in calls)
     return wire.Answer(
         model=reply.model or parsed.model,
         text=text,
         finish_reason=finish,
         input_tokens=wire.estimate_input_tokens(parsed.input_chars),
         cached_tokens=reply.cached_tokens,
-        output_tokens=wire.estimate_output_tokens(text),
+        output_tokens=wire.estimate_output_tokens(written),
         reasoning_tokens=reply.reasoning_tokens,
         seq=seq,
         created=int(time.time()),
+        calls=calls,
+        thinking=None if reply.fault == "empty" else reply.thinking,
     )
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import orjson
 
+from conclave.sim import native
 from conclave.sim.recording import Kind
-from conclave.sim.scenarios import FinishReason
+from conclave.sim.scenarios import FinishReason, NativeCall
 
 LABEL = "[simulated] "  # prefixed to every error message the panel writes itself
 
@@ -39,6 +40,7 @@ class ParsedRequest:
     last_user_text: str  # the last user message: `{last}` and the default answer
     input_chars: int  # every input text, system included, for the token estimate
     max_tokens: int | None
+    declares_tools: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class Answer:
     reasoning_tokens: int
     seq: int
     created: int
+    calls: tuple[NativeCall, ...] = ()  # native tool calls, rendered after the text
+    thinking: str | None = None  # shown where the service shows it, with its signature
 
 
 def route(path: str) -> tuple[Kind, str | None] | None:
@@ -115,11 +119,19 @@ def parse_request(
     """Validate a decoded body like the real API would; `WireError` if it would refuse it."""
     if not isinstance(body, dict):
         raise _invalid("The request body must be a JSON object.")
-    if kind == "openai":
-        return _parse_openai(body)
-    if kind == "anthropic":
-        return _parse_anthropic(body, anthropic_version)
-    return _parse_gemini(body, path_model or "")
+    try:
+        if kind == "openai":
+            return _parse_openai(body)
+        if kind == "anthropic":
+            return _parse_anthropic(body, anthropic_version)
+        return _parse_gemini(body, path_model or "")
+    except native.Rejected as exc:
+        raise _invalid(str(exc), param=exc.param) from None
+
+
+def tools_unsupported(model: str) -> ErrorSpec:
+    """How a server without tool support refuses declarations (Ollama's words)."""
+    return ErrorSpec(400, message=f"{LABEL}{model} does not support tools")
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -180,16 +192,28 @@ def _parse_openai(body: Mapping[str, Any]) -> ParsedRequest:
         raise _invalid("Streaming is not simulated; send stream=false.", param="stream")
     if _is_openai_reasoning_model(model):
         _check_reasoning_params(body)
+    native.check_openai(body, messages)
     texts = [_text_of(m.get("content")) for m in messages]
-    user_texts = [t for m, t in zip(messages, texts, strict=True) if m.get("role") == "user"]
+    # Tool messages are the user's side of the turn, as tool results are on the other wires.
+    user_texts = [t for m, t in zip(messages, texts, strict=True) if m.get("role") in ("user", "tool")]
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ParsedRequest(
         model=model,
-        last_text=texts[-1],
+        last_text=_openai_last_text(messages, texts),
         last_user_text=user_texts[-1] if user_texts else "",
         input_chars=sum(map(len, texts)),
         max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        declares_tools=native.declares_tools(body),
     )
+
+
+def _openai_last_text(messages: list[dict[str, Any]], texts: list[str]) -> str:
+    """The last message, where a run of tool messages counts as one: the other wires put
+    parallel results in one turn, and a rule should see them all there too."""
+    start = len(messages) - 1
+    while start > 0 and messages[start].get("role") == "tool" and messages[start - 1].get("role") == "tool":
+        start -= 1
+    return "\n".join(texts[start:])
 
 
 def _check_reasoning_params(body: Mapping[str, Any]) -> None:
@@ -237,6 +261,7 @@ def _parse_anthropic(body: Mapping[str, Any], version: str | None) -> ParsedRequ
             )
     if body.get("stream"):
         raise _invalid("Streaming is not simulated; send stream=false.")
+    native.check_anthropic(body, messages)
     texts = [_text_of(m.get("content")) for m in messages]
     user_texts = [t for m, t in zip(messages, texts, strict=True) if m["role"] == "user"]
     return ParsedRequest(
@@ -245,6 +270,7 @@ def _parse_anthropic(body: Mapping[str, Any], version: str | None) -> ParsedRequ
         last_user_text=user_texts[-1] if user_texts else "",
         input_chars=len(_text_of(body.get("system"))) + sum(map(len, texts)),
         max_tokens=max_tokens,
+        declares_tools=native.declares_tools(body),
     )
 
 
@@ -256,6 +282,7 @@ def _parse_gemini(body: Mapping[str, Any], model: str) -> ParsedRequest:
     for content in contents:
         if content.get("role", "user") not in ("user", "model"):
             raise _invalid("Please use a valid role: user, model.")
+    native.check_gemini(body, contents)
     texts = [_text_of(c.get("parts")) for c in contents]
     user_texts = [t for c, t in zip(contents, texts, strict=True) if c.get("role", "user") == "user"]
     system = body.get("systemInstruction")
@@ -268,6 +295,7 @@ def _parse_gemini(body: Mapping[str, Any], model: str) -> ParsedRequest:
         last_user_text=user_texts[-1] if user_texts else "",
         input_chars=len(system_text) + sum(map(len, texts)),
         max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        declares_tools=native.declares_tools(body),
     )
 
 
@@ -285,7 +313,16 @@ def _text_of(content: Any) -> str:
             pieces.append(part["text"])
         elif part.get("type") == "tool_result":
             pieces.append(_text_of(part.get("content")))
+        elif isinstance(part.get("functionResponse"), dict):
+            pieces.append(_response_text(part["functionResponse"].get("response")))
     return "\n".join(pieces)
+
+
+def _response_text(response: Any) -> str:
+    """A Gemini functionResponse's text: its string values (`output` or `error`), else its JSON."""
+    if not isinstance(response, dict):
+        return ""
+    return "\n".join(v if isinstance(v, str) else orjson.dumps(v).decode() for v in response.values())
 
 
 # ---------------------------------------------------------------------------- success
@@ -313,12 +350,18 @@ def _openai_success(a: Answer) -> dict[str, Any]:
     prompt = a.input_tokens + a.cached_tokens
     completion = a.output_tokens + a.reasoning_tokens
     message: dict[str, Any] = {"role": "assistant", "content": a.text, "refusal": None, "annotations": []}
+    finish_reason: str = a.finish_reason
+    if a.calls:
+        # OpenAI says null, not "", for a turn that only calls.
+        message["content"] = a.text or None
+        message["tool_calls"] = native.openai_calls(a.calls, a.seq)
+        finish_reason = "tool_calls"
     return {
         "id": f"chatcmpl-sim{a.seq}",
         "object": "chat.completion",
         "created": a.created,
         "model": a.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": a.finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
         "usage": {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -338,14 +381,15 @@ def _openai_success(a: Answer) -> dict[str, Any]:
 
 def _anthropic_success(a: Answer) -> dict[str, Any]:
     # An empty turn is an empty content list, as Claude really sends it.
-    content = [{"type": "text", "text": a.text}] if a.text else []
+    content = native.anthropic_blocks(a.thinking, a.text, a.calls, a.seq)
+    stop_reason = "end_turn" if a.finish_reason == "stop" else "max_tokens"
     return {
         "id": f"msg_sim{a.seq:020d}",
         "type": "message",
         "role": "assistant",
         "model": a.model,
         "content": content,
-        "stop_reason": "end_turn" if a.finish_reason == "stop" else "max_tokens",
+        "stop_reason": "tool_use" if a.calls else stop_reason,
         "stop_sequence": None,
         "usage": {
             "input_tokens": a.input_tokens,
@@ -360,7 +404,8 @@ def _anthropic_success(a: Answer) -> dict[str, Any]:
 def _gemini_success(a: Answer) -> dict[str, Any]:
     # Google leaves out what is empty or zero: no parts when nothing was emitted
     # (WIRE.md gemini_quirk_max_tokens_no_parts), no zero token counts.
-    content: dict[str, Any] = {"parts": [{"text": a.text}], "role": "model"} if a.text else {"role": "model"}
+    parts = native.gemini_parts(a.thinking, a.text, a.calls)
+    content: dict[str, Any] = {"parts": parts, "role": "model"} if parts else {"role": "model"}
     prompt = a.input_tokens + a.cached_tokens
     usage: dict[str, Any] = {"promptTokenCount": prompt}
     if a.output_tokens:
@@ -374,7 +419,8 @@ def _gemini_success(a: Answer) -> dict[str, Any]:
         "candidates": [
             {
                 "content": content,
-                "finishReason": "STOP" if a.finish_reason == "stop" else "MAX_TOKENS",
+                # A function call ends with STOP on this wire, not a tool reason.
+                "finishReason": "STOP" if a.finish_reason == "stop" or a.calls else "MAX_TOKENS",
                 "index": 0,
             }
         ],
