@@ -69,9 +69,10 @@ class NativeCall:
 class Reply:
     """One scripted answer. The defaults give the deterministic default answer.
 
-    `tool_calls` makes it a native tool-calling turn; `thinking` adds the reasoning the service
-    shows (an Anthropic thinking block with its signature, a Gemini thought part and a
-    thoughtSignature), which the panel then checks comes back unchanged.
+    `tool_calls` makes it a native tool-calling turn (with no `text`, it only calls);
+    `thinking` adds the reasoning the service shows (an Anthropic thinking block with its
+    signature, a Gemini thought part and a thoughtSignature), which the panel then checks comes
+    back unchanged. OpenAI's Chat Completions shows no reasoning, so there it is not sent.
     """
 
     text: str | None = None

@@ -278,6 +278,8 @@ def _answer_text(
     if reply.text is not None:
         text = render_text(reply.text, model=parsed.model, call=call, last_user_text=parsed.last_user_text)
         return text, reply.finish_reason
+    if reply.tool_calls:
+        return "", reply.finish_reason  # a turn that only calls, as models often answer
     # The default answer respects the request's token cap like a model would; a scripted
     # text is sent as written (a script that wants "length" says so).
     text = default_answer(parsed.model, parsed.last_user_text)
