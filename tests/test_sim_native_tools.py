@@ -149,17 +149,45 @@ async def test_responses_have_the_services_own_shapes(sim: Sim) -> None:
     assert parts[2]["functionCall"] == {"name": "fetch_url", "args": {"url": "https://example.org/a"}}
 
 
-async def post(client: httpx.AsyncClient, panel: SimPanel, kind: str, model: str) -> httpx.Response:
+async def post(
+    client: httpx.AsyncClient, panel: SimPanel, kind: str, model: str, **extra: Any
+) -> httpx.Response:
     question = {"role": "user", "content": "Which?"}
     if kind == "openai":
-        body: dict[str, Any] = {"model": model, "messages": [question]}
+        body: dict[str, Any] = {"model": model, "messages": [question], **extra}
         return await client.post(f"{panel.base_url(kind)}/chat/completions", json=body)
     if kind == "anthropic":
-        body = {"model": model, "max_tokens": 100, "messages": [question]}
+        body = {"model": model, "max_tokens": 100, "messages": [question], **extra}
         headers = {"anthropic-version": "2023-06-01"}
         return await client.post(f"{panel.base_url(kind)}/v1/messages", json=body, headers=headers)
-    body = {"contents": [{"role": "user", "parts": [{"text": "Which?"}]}]}
+    body = {"contents": [{"role": "user", "parts": [{"text": "Which?"}]}], **extra}
     return await client.post(f"{panel.base_url(kind)}/v1beta/models/{model}:generateContent", json=body)
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "says"),
+    [
+        ("openai", {"tool_choice": "auto"}, "only allowed when 'tools' are specified"),
+        ("openai", {"tools": []}, "Invalid 'tools': empty array"),
+        ("openai", {"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+        ("anthropic", {"tools": [{"name": "f"}]}, "tools.0.custom.input_schema: Field required"),
+        ("anthropic", {"tool_choice": {"type": "never"}}, "Input tag 'never'"),
+        (
+            "gemini",
+            {"toolConfig": {"functionCallingConfig": {"mode": "NEVER"}}},
+            "function_calling_config.mode",
+        ),
+        ("gemini", {"tools": [{"functionDeclarations": [{"description": "x"}]}]}, "Name cannot be empty"),
+    ],
+)
+async def test_malformed_declarations_are_the_services_400(
+    sim: Sim, kind: str, extra: dict[str, Any], says: str
+) -> None:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await post(client, sim.panel, kind, "m1", **extra)
+
+    assert response.status_code == 400
+    assert says in response.text
 
 
 UNANSWERED = {
