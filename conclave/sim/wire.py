@@ -4,6 +4,7 @@ Shapes follow /work/shared/providers/WIRE.md §2-4: OpenAI Chat Completions, Ant
 Messages and Gemini generateContent, usage fields and error envelopes included, down
 to the body layout each provider really uses (OpenAI errors 4-space pretty with a
 trailing newline, Anthropic errors compact, Google errors 2-space pretty). No I/O here.
+Native tool calls (their rendering and the checks of a tool history) live in `native`.
 
 Token counts use one convention inside the panel (`Answer`): `input_tokens` is the
 uncached prompt, `cached_tokens` the cached part on top of it, `output_tokens` the
