@@ -1,5 +1,5 @@
-"""The system-prompt hint a worker gets when tools are on. The wording is data
-(`conclave/prompts/worker_tools.txt`); this module fills it in from the tool registry."""
+"""The system-prompt hint a worker gets when tools are on, and the tools as declared natively. The
+wording is data (`conclave/prompts/worker_tools*.txt`); this module fills it in from the registry."""
 
 from __future__ import annotations
 
@@ -11,19 +11,36 @@ from typing import Any
 
 import orjson
 
+from conclave.messages import ToolDeclaration
 from conclave.tools import ToolRegistry
 
-_PROMPT = Path(__file__).resolve().parent.parent / "prompts" / "worker_tools.txt"
+_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 
 
 @cache
-def _template() -> Template:
-    return Template(_PROMPT.read_text(encoding="utf-8"))
+def _template(name: str) -> Template:
+    return Template((_PROMPTS / name).read_text(encoding="utf-8"))
 
 
 def tool_hint(registry: ToolRegistry, tools: Sequence[str], *, hop_budget: int, canary: str) -> str:
+    """The tag protocol's hint: the rules, the tag syntax and every tool's schema."""
     lines = [_describe(registry, name) for name in tools]
-    return _template().substitute(hop_budget=hop_budget, canary=canary, tools="\n".join(lines)).strip()
+    hint = _template("worker_tools.txt").substitute(
+        hop_budget=hop_budget, canary=canary, tools="\n".join(lines)
+    )
+    return hint.strip()
+
+
+def native_hint(*, hop_budget: int, canary: str) -> str:
+    """The same rules without tag syntax: the tools themselves are declared in the request."""
+    return _template("worker_tools_native.txt").substitute(hop_budget=hop_budget, canary=canary).strip()
+
+
+def declarations(registry: ToolRegistry, tools: Sequence[str]) -> tuple[ToolDeclaration, ...]:
+    return tuple(
+        ToolDeclaration(name, registry.get(name).description, _model_facing(registry.get(name).input_schema))
+        for name in tools
+    )
 
 
 def with_hint(system: str | None, hint: str) -> str:

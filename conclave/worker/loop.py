@@ -1,36 +1,42 @@
-"""The worker's turn: call the model -> (a tag?) run the tool -> call the model again -> finish.
+"""The worker's turn: call the model -> (calls?) run the tools -> call the model again -> finish.
 
 Each step is a method returning the next step, so the transitions read top-down:
 
-    call_model --no tag--> finish
-    call_model --tag-----> run_tool --> call_model        (a refusal is a result too)
-    run_tool   --budget or cost cap spent--> final round: the next tag is not executed
+    call_model --no call--> finish
+    call_model --calls----> run_tools --> call_model        (a refusal is a result too)
+    run_tools  --budget or cost cap spent--> final round: a call that still comes is not executed
 
+One machine serves both encodings (SPEC §7): `tags` reads the first `<tool_call>` of the text,
+`native` the provider's own calls, all of them; `encodings.py` holds the only difference. A
+provider that refuses native declarations gets the turn again in tags, and tags from then on.
 With no worker tools the turn is exactly one plain call: no hint, no parsing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import anyio
 
 from conclave.budgets import CostCap, CostCapReport, CostMeter, HopBudget
 from conclave.config import WorkerToolsConfig
-from conclave.errors import InvalidArguments, ProviderError, ToolError, ToolRefused
+from conclave.errors import InvalidArguments, PermanentProviderError, ProviderError, ToolError, ToolRefused
 from conclave.messages import Completer, Completion, CompletionRequest, Message, Usage
 from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
-from conclave.worker.hint import tool_hint, with_hint
+from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode
 from conclave.worker.leaks import leaks
-from conclave.worker.tags import TagError, ToolCall, find_tool_call
 from conclave.worker.untrusted import new_nonce, wrap_refusal, wrap_result
 
 WORKER_ALLOWLIST = frozenset({"fetch", "verify"})  # hard: no LLM-spawning tool, ever
 _FETCH_REASONS_PASSED_THROUGH = frozenset({"egress_budget_exhausted"})
+_ABOUT_TOOLS = re.compile(r"tool|function", re.IGNORECASE)
 
 
 @record
@@ -48,6 +54,7 @@ class WorkerTurn:
     cost_cap: CostCap = CostCap.NONE
     canary: str = ""
     role: str | None = None
+    tool_mode: ToolMode = "tags"
 
 
 @record
@@ -77,6 +84,7 @@ class WorkerOutcome:
     exchanges: list[dict[str, Any]] = field(default_factory=list)
     error: ProviderError | None = None
     failure: Exception | None = None  # a bug: it costs this answer, never the whole call
+    tool_mode: ToolMode | None = None  # the encoding the turn used; None without worker tools
 
 
 @dataclass(slots=True)
@@ -86,7 +94,9 @@ class _TurnState:
     cost: CostMeter
     messages: list[Message]
     outcome: WorkerOutcome
-    pending: ToolCall | TagError | None = None
+    encoding: Encoding
+    last: Completion | None = None
+    pending: Decoded | None = None
     final_round: bool = False
     final_reason: str | None = None
     nonces: list[str] = field(default_factory=list)
@@ -108,6 +118,12 @@ class WorkerLoop:
         self._tool_context = tool_context
         self._telemetry = telemetry
         self._settings = settings
+        # Providers that refused native declarations; the runtime builds one loop per process,
+        # so this lasts as long as the process and is shared by every session in it.
+        self._tags_only: set[str] = set()
+
+    def tags_only(self, provider: str) -> bool:
+        return provider in self._tags_only
 
     async def run(self, turn: WorkerTurn) -> WorkerOutcome:
         """The whole turn; a provider failure or a bug is recorded on the outcome, never raised."""
@@ -115,20 +131,33 @@ class WorkerLoop:
         if unknown:
             raise ValueError(f"worker tools outside the allowlist: {unknown}")
         started = time.perf_counter()
-        hops, cost = HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap)
-        state = _TurnState(turn, hops, cost, list(turn.messages), WorkerOutcome())
+        mode: ToolMode = "tags" if self.tags_only(turn.provider.name) else turn.tool_mode
         with session(turn.session_id):
-            try:
-                step: Step | None = self._call_model
-                while step is not None:
-                    step = await step(state)
-            except ProviderError as exc:
-                state.outcome.error = exc  # what earlier hops cost is kept, not lost
-            except Exception as exc:
-                state.outcome.failure = exc
+            state = await self._drive(turn, mode)
+            # Only a first call is re-run: a refusal after native hops is a broken history, and
+            # what those hops cost must not be spent twice.
+            if mode == "native" and state.outcome.hops == 0 and _rejects_tools(state.outcome.error):
+                self._tags_only.add(turn.provider.name)
+                state = await self._drive(turn, "tags")
+                state.outcome.warnings.append("native_tools_unsupported")
         state.outcome.latency_ms = (time.perf_counter() - started) * 1000.0
-        state.outcome.cost_cap = cost.report() if turn.tools else None
+        state.outcome.cost_cap = state.cost.report() if turn.tools else None
+        state.outcome.tool_mode = state.encoding.mode if turn.tools else None
         return state.outcome
+
+    async def _drive(self, turn: WorkerTurn, mode: ToolMode) -> _TurnState:
+        """The state machine, from a fresh state to its last step."""
+        hops, cost = HopBudget(self._settings.hop_budget), CostMeter(turn.cost_cap)
+        state = _TurnState(turn, hops, cost, list(turn.messages), WorkerOutcome(), ENCODINGS[mode])
+        try:
+            step: Step | None = self._call_model
+            while step is not None:
+                step = await step(state)
+        except ProviderError as exc:
+            state.outcome.error = exc  # what earlier hops cost is kept, not lost
+        except Exception as exc:
+            state.outcome.failure = exc
+        return state
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -138,24 +167,39 @@ class WorkerLoop:
         if not state.turn.tools:  # a plain call: no tags to look for, nothing to meter
             return None
         self._meter(state, completion)
-        found = find_tool_call(completion.text, truncated=completion.finish_reason == "length")
-        if found is None:
+        decoded = state.encoding.decode(completion)
+        if not decoded.calls:
             return self._finish
         if state.final_round:
-            self._refuse_in_final_round(state, found)
+            self._refuse_in_final_round(state, decoded)
             return self._finish
-        state.pending = found
-        return self._run_tool
+        state.last, state.pending = completion, decoded
+        return self._run_tools
 
-    async def _run_tool(self, state: _TurnState) -> Step | None:
-        found = state.pending
-        assert found is not None
+    async def _run_tools(self, state: _TurnState) -> Step | None:
+        """Each call spends a hop in the order given; those admitted run concurrently."""
+        decoded, completion = state.pending, state.last
+        assert decoded is not None
+        assert completion is not None
         state.pending = None
-        call, wrapped = await self._dispatch(state, found)
-        state.outcome.inner_tool_calls.append(call)
-        state.outcome.exchanges.append({"hop": call.hop, "tool_call": call.to_dict(), "tool_result": wrapped})
-        spoken = state.outcome.text[: found.end] if isinstance(found, ToolCall) else state.outcome.text
-        state.messages += [Message("assistant", spoken), Message("user", wrapped)]
+        done: list[tuple[InnerCall, str]] = [(InnerCall(0, None, "error"), "")] * len(decoded.calls)
+
+        async def run(index: int, call: Call, hop: int, nonce: str, refused: ToolRefused | None) -> None:
+            done[index] = await self._dispatch(state, call, hop, nonce, refused)
+
+        async with anyio.create_task_group() as group:
+            for index, call in enumerate(decoded.calls):
+                hop, nonce = state.hops.used + 1, new_nonce()
+                state.nonces.append(nonce)
+                group.start_soon(run, index, call, hop, nonce, _spend_hop(state.hops))
+        returned = []
+        for call, (inner, wrapped) in zip(decoded.calls, done, strict=True):
+            state.outcome.inner_tool_calls.append(inner)
+            state.outcome.exchanges.append(
+                {"hop": inner.hop, "tool_call": inner.to_dict(), "tool_result": wrapped}
+            )
+            returned.append(Returned(call, wrapped, inner.status != "ok"))
+        state.messages += state.encoding.write_back(completion, decoded, returned)
         return self._call_model
 
     async def _finish(self, state: _TurnState) -> Step | None:
@@ -168,57 +212,58 @@ class WorkerLoop:
 
     # -- the tool call, checked in SPEC order ------------------------------------------------------
 
-    async def _dispatch(self, state: _TurnState, found: ToolCall | TagError) -> tuple[InnerCall, str]:
-        name = found.name if isinstance(found, ToolCall) else None
-        nonce = new_nonce()
-        state.nonces.append(nonce)
+    async def _dispatch(
+        self, state: _TurnState, call: Call, hop: int, nonce: str, over_budget: ToolRefused | None
+    ) -> tuple[InnerCall, str]:
+        name = call.name
         started = time.perf_counter()
-        hop = state.hops.used + 1
         try:
-            state.hops.check_tool_call()
-            if isinstance(found, TagError):
-                raise ToolRefused(found.detail, reason="parse_error")
-            args = self._vetted_args(state, found, hop)
-            self._check_smuggling(state, found)
+            if over_budget is not None:
+                raise over_budget
+            if call.error is not None or call.args is None or name is None:
+                raise ToolRefused(call.error or "the call could not be read", reason="parse_error")
+            args = self._vetted_args(state, name, call.args, hop)
+            self._check_smuggling(state, call.args)
             state.cost.check_tool_call()
-            result = await self._registry.call(found.name, args, self._tool_context)
+            result = await self._registry.call(name, args, self._tool_context)
         except ToolRefused as exc:
             return self._refused(state, hop, name, nonce, exc, started)
         except ToolError as exc:
-            call = InnerCall(hop, name, "error", "tool_error")
-            self._emit_inner(state, call, started, 0)
-            return call, wrap_refusal(name or "tool_call", "tool_error", nonce=nonce, detail=exc.message)
-        content = self._registry.get(found.name).render(result)
-        call = InnerCall(hop, found.name, "ok")
-        self._emit_inner(state, call, started, len(content.encode("utf-8")))
-        return call, wrap_result(found.name, content, nonce=nonce, max_bytes=self._settings.result_max_bytes)
+            inner = InnerCall(hop, name, "error", "tool_error")
+            self._emit_inner(state, inner, started, 0)
+            return inner, wrap_refusal(name or "tool_call", "tool_error", nonce=nonce, detail=exc.message)
+        content = self._registry.get(name).render(result)
+        inner = InnerCall(hop, name, "ok")
+        self._emit_inner(state, inner, started, len(content.encode("utf-8")))
+        return inner, wrap_result(name, content, nonce=nonce, max_bytes=self._settings.result_max_bytes)
 
-    def _vetted_args(self, state: _TurnState, call: ToolCall, hop: int) -> dict[str, Any]:
-        """Allowlist, then the input schema; the session id is injected only after both."""
-        if call.name not in WORKER_ALLOWLIST or call.name not in state.turn.tools:
+    def _vetted_args(self, state: _TurnState, name: str, args: dict[str, Any], hop: int) -> dict[str, Any]:
+        """Allowlist (a name never declared included), then the input schema; the session id is
+        injected only after both."""
+        if name not in WORKER_ALLOWLIST or name not in state.turn.tools:
             allowed = ", ".join(state.turn.tools)
             raise ToolRefused(
-                f"tool {call.name!r} is not available here; available: {allowed}", reason="not_allowlisted"
+                f"tool {name!r} is not available here; available: {allowed}", reason="not_allowlisted"
             )
         try:
-            self._registry.validate(call.name, call.args)
+            self._registry.validate(name, args)
         except InvalidArguments as exc:
             self._emit(
                 "worker_inner_validation_fail",
                 state,
                 hop=hop,
-                tool=call.name,
+                tool=name,
                 message=exc.message,
                 path=exc.path,
             )
             raise _SchemaRefusal(exc) from None
-        return {**call.args, "session_id": state.turn.session_id}
+        return {**args, "session_id": state.turn.session_id}
 
-    def _check_smuggling(self, state: _TurnState, call: ToolCall) -> None:
+    def _check_smuggling(self, state: _TurnState, args: dict[str, Any]) -> None:
         """The canary or a nonce in a tool call's arguments is a leak on its way out (e.g. a URL
         query to an attacker's server): flag it and never send it."""
         secrets = [state.turn.canary, *state.nonces] if state.turn.canary else state.nonces
-        leaked = leaks(json.dumps(call.args, ensure_ascii=False), secrets)
+        leaked = leaks(json.dumps(args, ensure_ascii=False), secrets)
         if leaked:
             if "canary_leak" not in state.outcome.warnings:
                 state.outcome.warnings.append("canary_leak")
@@ -239,27 +284,38 @@ class WorkerLoop:
         self._emit_inner(state, call, started, 0)
         return call, wrap_refusal(name or "tool_call", reason, nonce=nonce, detail=exc.message, extra=extra)
 
-    def _refuse_in_final_round(self, state: _TurnState, found: ToolCall | TagError) -> None:
-        """A tag in the final round is never executed; the answer is marked."""
-        name = found.name if isinstance(found, ToolCall) else None
-        state.hops.used += 1
-        state.outcome.inner_tool_calls.append(InnerCall(state.hops.used, name, "refused", state.final_reason))
-        state.outcome.text = state.outcome.text[: found.start].rstrip()
+    def _refuse_in_final_round(self, state: _TurnState, decoded: Decoded) -> None:
+        """A call in the final round is never executed; the text is the answer, and it is marked."""
+        for call in decoded.calls:
+            state.hops.used += 1
+            state.outcome.inner_tool_calls.append(
+                InnerCall(state.hops.used, call.name, "refused", state.final_reason)
+            )
+        state.outcome.text = decoded.answer
         state.outcome.warnings.append("tool_call_not_executed")
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
     def _request(self, state: _TurnState) -> CompletionRequest:
         turn = state.turn
-        system = turn.system
-        if turn.tools:
-            hint = tool_hint(self._registry, turn.tools, hop_budget=state.hops.limit, canary=turn.canary)
-            system = with_hint(system, hint)
-        return CompletionRequest(
+        request = CompletionRequest(
             messages=tuple(state.messages),
-            system=system,
+            system=turn.system,
             max_tokens=turn.max_tokens,
             temperature=turn.temperature,
+        )
+        if not turn.tools:
+            return request
+        declared = state.encoding.declare(
+            self._registry,
+            turn.system,
+            turn.tools,
+            hop_budget=state.hops.limit,
+            canary=turn.canary,
+            final_round=state.final_round,
+        )
+        return replace(
+            request, system=declared.system, tools=declared.tools, tool_choice=declared.tool_choice
         )
 
     def _meter(self, state: _TurnState, completion: Completion) -> None:
@@ -269,7 +325,7 @@ class WorkerLoop:
                 state,
                 cap_usd=state.cost.cap.cap_usd,
                 observed_usd=round(state.cost.observed_usd, 10),
-                mode="warn",
+                cap_mode="warn",
             )
 
     def _emit_inner(self, state: _TurnState, call: InnerCall, started: float, size: int) -> None:
@@ -284,7 +340,13 @@ class WorkerLoop:
             bytes=size,
         )
 
-    def _emit(self, event: str, state: _TurnState, **fields: Any) -> None:
+    def _emit(self, event: str, state: _TurnState, *, cap_mode: str | None = None, **fields: Any) -> None:
+        """A worker event names its encoding as `mode`; the cost warning's `mode` is already the
+        cap's (a wire name), so there the encoding is `tool_mode`."""
+        if cap_mode is None:
+            fields["mode"] = state.encoding.mode
+        else:
+            fields.update(mode=cap_mode, tool_mode=state.encoding.mode)
         self._telemetry.emit(event, provider=state.turn.provider.name, role=state.turn.role, **fields)
 
 
@@ -303,6 +365,24 @@ def _refusal_reason(exc: ToolRefused) -> tuple[str, Mapping[str, Any] | None]:
     if exc.tool == "fetch" and exc.reason not in _FETCH_REASONS_PASSED_THROUGH:
         return "fetch_blocked", {"fetch_reason": exc.reason}
     return exc.reason, None
+
+
+def _spend_hop(hops: HopBudget) -> ToolRefused | None:
+    """One hop for the next call in order; past the budget, the refusal it will get."""
+    try:
+        hops.check_tool_call()
+    except ToolRefused as exc:
+        return exc
+    return None
+
+
+def _rejects_tools(error: ProviderError | None) -> bool:
+    """The provider refused the tool declarations themselves: a 400 that speaks of tools."""
+    return (
+        isinstance(error, PermanentProviderError)
+        and error.status == 400
+        and bool(_ABOUT_TOOLS.search(error.message))
+    )
 
 
 def _record(out: WorkerOutcome, completion: Completion) -> None:
