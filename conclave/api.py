@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import httpx
 
-from conclave.config import Config, CostCapMode, load_config
+from conclave.config import Config, CostCapMode, WorkerToolMode, load_config
 from conclave.deliberation.confer import confer as _confer
 from conclave.deliberation.coordinate import coordinate as _coordinate
 from conclave.deliberation.results import ConferResult, CoordinateResult
@@ -80,6 +80,7 @@ class Conclave:
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
         worker_tool_cost_cap_mode: CostCapMode | None = None,
+        worker_tool_mode: WorkerToolMode | None = None,
         progress: ProgressSink | None = None,
     ) -> ConferResult:
         """Ask every panel member (or `providers`) `question` at once."""
@@ -103,6 +104,7 @@ class Conclave:
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
         worker_tool_cost_cap_mode: CostCapMode | None = None,
+        worker_tool_mode: WorkerToolMode | None = None,
         progress: ProgressSink | None = None,
     ) -> CoordinateResult:
         """Run a proposer -> critics -> synthesizer debate on `task`."""

@@ -166,6 +166,11 @@ def _add_call_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-tools", metavar="fetch,verify", help="tools members may call mid-answer")
     parser.add_argument("--cost-cap", type=float, metavar="USD", help="worker tool cost cap per turn")
     parser.add_argument("--cost-cap-mode", choices=("warn", "enforce", "off"))
+    parser.add_argument(
+        "--worker-tool-mode",
+        choices=("auto", "native", "tags"),
+        help="how members call tools (default: config)",
+    )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the whole call")
     parser.add_argument("--max-tokens", type=int, metavar="N", help="per model call")
     parser.add_argument("--temperature", type=float, metavar="T")
@@ -436,6 +441,7 @@ _CALL_OPTIONS = {
     "context": "context",
     "cost_cap": "worker_tool_cost_cap_usd",
     "cost_cap_mode": "worker_tool_cost_cap_mode",
+    "worker_tool_mode": "worker_tool_mode",
     "timeout": "timeout_seconds",
     "max_tokens": "max_tokens",
     "temperature": "temperature",

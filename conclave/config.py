@@ -21,6 +21,7 @@ from conclave.schemas import data_path, first_error, json_path
 
 ProviderKind = Literal["openai", "anthropic", "gemini"]
 CostCapMode = Literal["warn", "enforce", "off"]
+WorkerToolMode = Literal["auto", "native", "tags"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class ProviderConfig:
     price: PriceConfig | None = None
     reasoning: bool | None = None  # None: decided from the model name
     max_tokens_field: str | None = None  # openai kind only; None: decided from model and host
+    tool_mode: Literal["native", "tags"] | None = None  # None: worker_tools.mode decides
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class WorkerToolsConfig:
     result_max_bytes: int = 65536
     cost_cap_usd: float = 0.0
     cost_cap_mode: CostCapMode = "warn"
+    # tags until the demo and the hardening suites run in both modes; then auto
+    mode: WorkerToolMode = "tags"
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +402,7 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         price=PriceConfig(**price) if price else None,
         reasoning=entry.get("reasoning"),
         max_tokens_field=entry.get("max_tokens_field"),
+        tool_mode=entry.get("tool_mode"),
     )
 
 

@@ -41,6 +41,7 @@ class Answer:
     warnings: tuple[str, ...] = ()
     inner_tool_calls: tuple[InnerCall, ...] = ()
     cost_cap: CostCapReport | None = None
+    tool_mode: str | None = None  # native | tags: how this turn's tools were encoded
     exchanges: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)  # transcripts
 
     @property
@@ -66,6 +67,8 @@ class Answer:
         }
         if tools_on:
             out["inner_tool_calls"] = [call.to_dict() for call in self.inner_tool_calls]
+            if self.tool_mode is not None:
+                out["tool_mode"] = self.tool_mode
             if self.cost_cap is not None:
                 out["cost_cap"] = self.cost_cap.to_dict()
         return out

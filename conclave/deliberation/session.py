@@ -14,12 +14,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import anyio
 
 from conclave.budgets import CostCap, CostCapReport, combined
+from conclave.config import ProviderConfig
 from conclave.deliberation.answers import answer_from, unknown_provider
 from conclave.deliberation.plan import TurnShape, planned_call
 from conclave.deliberation.results import (
@@ -32,12 +33,14 @@ from conclave.deliberation.results import (
 from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
 from conclave.telemetry import session as bind_session
+from conclave.worker.encodings import ToolMode
 from conclave.worker.hint import tool_hint, with_hint
 from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
 
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
+NATIVE_KINDS = frozenset({"openai", "anthropic", "gemini"})  # the kinds whose adapters speak native tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +119,14 @@ class Session:
             cost_cap=self.tools.cap,
             canary=self.canary if tools else "",
             role=role,
+            tool_mode=tool_mode(
+                self.args.get("worker_tool_mode"),
+                self.runtime.config.providers[name],
+                self.runtime.config.worker_tools.mode,
+            ),
         )
         outcome = await self.runtime.worker.run(turn)
-        return answer_from(outcome, name, self.runtime)
+        return replace(answer_from(outcome, name, self.runtime), tool_mode=outcome.tool_mode)
 
     def hinted(self, system: str | None, tools: Sequence[str]) -> str | None:
         """The system prompt a turn with `tools` is sent: with the tool hint when there are any."""
@@ -228,6 +236,16 @@ def _end(session: Session, status: str, usage: Usage, **fields: Any) -> None:
     session.runtime.telemetry.emit(
         "session_end", tool=session.tool, status=status, usage=usage.to_dict(), **fields
     )
+
+
+def tool_mode(asked: str | None, provider: ProviderConfig, configured: str) -> ToolMode:
+    """SPEC §7: the call's argument, over the provider's `tool_mode`, over the config's mode;
+    `auto` is native where the adapter speaks it and the provider entry does not say tags. (A
+    provider that refused native declarations is kept to tags by the worker loop itself.)"""
+    mode = asked or provider.tool_mode or configured
+    if mode == "auto":
+        return "native" if provider.kind in NATIVE_KINDS and provider.tool_mode != "tags" else "tags"
+    return "native" if mode == "native" else "tags"
 
 
 def merged_warnings(answers: Sequence[Answer], *, price_unknown: bool) -> tuple[str, ...]:
