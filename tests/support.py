@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import orjson
+from aiohttp import web
 
 from conclave.config import Config
 from conclave.http import make_http_client
@@ -65,3 +66,31 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 def provider_entry(kind: str, model: str, base_url: str, **extra: Any) -> dict[str, Any]:
     return {"kind": kind, "model": model, "base_url": base_url, **extra}
+
+
+def system_text(kind: str, body: dict[str, Any]) -> str:
+    """The system prompt of a request body, whatever the wire."""
+    if kind == "openai":
+        return str(body["messages"][0]["content"])
+    if kind == "anthropic":
+        return str(body["system"])
+    return str(body["systemInstruction"]["parts"][0]["text"])
+
+
+@contextlib.asynccontextmanager
+async def text_page(path: str, text: str) -> AsyncIterator[int]:
+    """A local page serving `text` at `path` over real HTTP, for `fetch`; yields its port."""
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get(path, page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

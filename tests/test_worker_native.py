@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 import pytest
-from aiohttp import web
 
 import conclave
 from conclave.budgets import CostCap
@@ -24,7 +23,7 @@ from conclave.schemas import first_error
 from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
 from conclave.worker.encodings import ToolMode
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
-from tests.support import read_events
+from tests.support import read_events, system_text, text_page
 
 pytestmark = pytest.mark.anyio
 
@@ -99,14 +98,6 @@ def forbids_calls(kind: str, body: dict[str, Any]) -> bool:
     if kind == "anthropic":
         return bool(body.get("tool_choice") == {"type": "none"})
     return bool(body.get("toolConfig", {}).get("functionCallingConfig", {}).get("mode") == "NONE")
-
-
-def system_text(kind: str, body: dict[str, Any]) -> str:
-    if kind == "openai":
-        return str(body["messages"][0]["content"])
-    if kind == "anthropic":
-        return str(body["system"])
-    return str(body["systemInstruction"]["parts"][0]["text"])
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -212,17 +203,8 @@ async def test_a_tag_in_native_text_is_just_text(world: Callable[..., Any]) -> N
 
 @pytest.fixture
 async def hostile_port() -> AsyncIterator[int]:
-    async def page(_request: web.Request) -> web.Response:
-        return web.Response(text=HOSTILE, content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/page", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runner.cleanup()
+    async with text_page("/page", HOSTILE) as port:
+        yield port
 
 
 @pytest.mark.parametrize("kind", KINDS)

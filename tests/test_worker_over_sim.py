@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import pytest
-from aiohttp import web
 
 from conclave.budgets import CostCap
 from conclave.config import Config
@@ -16,31 +15,15 @@ from conclave.messages import Message
 from conclave.runtime import open_runtime
 from conclave.sim import Reply, Rule, Scenario, SimPanel
 from conclave.worker.loop import WorkerLoop, WorkerTurn
+from tests.support import system_text, text_page
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 async def page_port() -> AsyncIterator[int]:
-    async def fact(_request: web.Request) -> web.Response:
-        return web.Response(text="The launch code is 7731.", content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/fact", fact)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runner.cleanup()
-
-
-def system_text(kind: str, body: dict[str, Any]) -> str:
-    if kind == "openai":
-        return str(body["messages"][0]["content"])
-    if kind == "anthropic":
-        return str(body["system"])
-    return str(body["systemInstruction"]["parts"][0]["text"])
+    async with text_page("/fact", "The launch code is 7731.") as port:
+        yield port
 
 
 def last_text(kind: str, body: dict[str, Any]) -> str:

@@ -45,6 +45,16 @@ class Returned:
 
 
 @record
+class Toolset:
+    """The tools a turn may call, with what the hint says of them."""
+
+    registry: ToolRegistry
+    names: tuple[str, ...]
+    hop_budget: int
+    canary: str
+
+
+@record
 class Declared:
     system: str | None
     tools: tuple[ToolDeclaration, ...] = ()
@@ -54,16 +64,7 @@ class Declared:
 class Encoding(Protocol):
     mode: ToolMode
 
-    def declare(
-        self,
-        registry: ToolRegistry,
-        system: str | None,
-        tools: Sequence[str],
-        *,
-        hop_budget: int,
-        canary: str,
-        final_round: bool,
-    ) -> Declared: ...
+    def declare(self, tools: Toolset, system: str | None, *, final_round: bool) -> Declared: ...
 
     def decode(self, completion: Completion) -> Decoded: ...
 
@@ -77,17 +78,9 @@ class TagEncoding:
 
     mode: ToolMode = "tags"
 
-    def declare(
-        self,
-        registry: ToolRegistry,
-        system: str | None,
-        tools: Sequence[str],
-        *,
-        hop_budget: int,
-        canary: str,
-        final_round: bool,
-    ) -> Declared:
-        return Declared(with_hint(system, tool_hint(registry, tools, hop_budget=hop_budget, canary=canary)))
+    def declare(self, tools: Toolset, system: str | None, *, final_round: bool) -> Declared:
+        hint = tool_hint(tools.registry, tools.names, hop_budget=tools.hop_budget, canary=tools.canary)
+        return Declared(with_hint(system, hint))
 
     def decode(self, completion: Completion) -> Decoded:
         text = completion.text
@@ -110,20 +103,13 @@ class NativeEncoding:
 
     mode: ToolMode = "native"
 
-    def declare(
-        self,
-        registry: ToolRegistry,
-        system: str | None,
-        tools: Sequence[str],
-        *,
-        hop_budget: int,
-        canary: str,
-        final_round: bool,
-    ) -> Declared:
-        hint = native_hint(hop_budget=hop_budget, canary=canary)
+    def declare(self, tools: Toolset, system: str | None, *, final_round: bool) -> Declared:
+        hint = native_hint(hop_budget=tools.hop_budget, canary=tools.canary)
         # The final round keeps the declarations so the history stays valid, and forbids calls.
         return Declared(
-            with_hint(system, hint), declarations(registry, tools), "none" if final_round else "auto"
+            with_hint(system, hint),
+            declarations(tools.registry, tools.names),
+            "none" if final_round else "auto",
         )
 
     def decode(self, completion: Completion) -> Decoded:

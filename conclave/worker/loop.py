@@ -30,7 +30,7 @@ from conclave.messages import Completer, Completion, CompletionRequest, Message,
 from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
-from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode
+from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode, Toolset
 from conclave.worker.leaks import leaks
 from conclave.worker.untrusted import new_nonce, wrap_refusal, wrap_result
 
@@ -306,14 +306,8 @@ class WorkerLoop:
         )
         if not turn.tools:
             return request
-        declared = state.encoding.declare(
-            self._registry,
-            turn.system,
-            turn.tools,
-            hop_budget=state.hops.limit,
-            canary=turn.canary,
-            final_round=state.final_round,
-        )
+        tools = Toolset(self._registry, turn.tools, state.hops.limit, turn.canary)
+        declared = state.encoding.declare(tools, turn.system, final_round=state.final_round)
         return replace(
             request, system=declared.system, tools=declared.tools, tool_choice=declared.tool_choice
         )
