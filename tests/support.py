@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +78,12 @@ def system_text(kind: str, body: dict[str, Any]) -> str:
 
 
 @contextlib.asynccontextmanager
-async def text_page(path: str, text: str) -> AsyncIterator[int]:
-    """A local page serving `text` at `path` over real HTTP, for `fetch`; yields its port."""
-
-    async def page(_request: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain")
-
+async def local_page(
+    path: str, handler: Callable[[web.Request], Awaitable[web.Response]]
+) -> AsyncIterator[int]:
+    """A local page answered by `handler` over real HTTP, for `fetch`; yields its port."""
     app = web.Application()
-    app.router.add_get(path, page)
+    app.router.add_get(path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -94,3 +92,12 @@ async def text_page(path: str, text: str) -> AsyncIterator[int]:
         yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+def text_page(path: str, text: str) -> contextlib.AbstractAsyncContextManager[int]:
+    """A local page serving `text` at `path`."""
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    return local_page(path, page)

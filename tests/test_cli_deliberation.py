@@ -201,6 +201,8 @@ def test_confer_passes_every_option_through(workdir: Path, panel: Panel) -> None
         "0.5",
         "--cost-cap-mode",
         "enforce",
+        "--worker-tool-mode",
+        "native",
         "--timeout",
         "20",
         "--max-tokens",
@@ -217,7 +219,9 @@ def test_confer_passes_every_option_through(workdir: Path, panel: Panel) -> None
     assert output["worker_tools"]["accepted"] == ["verify"]
     assert output["worker_tools"]["rejected"] == ["bogus"]
     assert output["worker_tools"]["cost_cap"]["mode"] == "enforce"
+    assert output["answers"][0]["tool_mode"] == "native"
     body = httpx.get(f"{panel.root}/_sim/requests").json()[-1]["body"]
+    assert body["tools"], "the tools are declared natively"
     assert body["max_tokens"] == 77 or body.get("max_completion_tokens") == 77
     sent = json.dumps(body)
     assert "CTX-MARK" in sent and "SYS-MARK" in sent

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aiohttp import web
 
 import conclave
 from conclave.budgets import CostCap
@@ -23,7 +24,7 @@ from conclave.schemas import first_error
 from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
 from conclave.worker.encodings import ToolMode
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
-from tests.support import read_events, system_text, text_page
+from tests.support import local_page, read_events, system_text, text_page
 
 pytestmark = pytest.mark.anyio
 
@@ -170,6 +171,31 @@ async def test_parallel_calls_past_a_budget_of_two_are_refused_and_the_final_rou
         "declarations stay in the final round"
     )
     assert out.text.startswith("Checked: ")
+
+
+async def test_calls_within_the_budget_run_at_the_same_time(world: Callable[..., Any]) -> None:
+    arrived, both = 0, anyio.Event()
+
+    async def page(_request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both.set()
+        with anyio.move_on_after(5):
+            await both.wait()  # one call at a time would wait here alone
+        return web.Response(text="together" if both.is_set() else "alone", content_type="text/plain")
+
+    async with local_page("/slow", page) as port:
+        url = f"http://127.0.0.1:{port}/slow"
+        pair = Reply(tool_calls=(NativeCall("fetch", {"url": url}), NativeCall("fetch", {"url": url + "?b"})))
+        scenario = Scenario(replies=(pair,), rules=(ANSWER_FROM_RESULT,))
+        fetch_policy = {"allow_private": ["127.0.0.1/32"], "allow_ports": [port]}
+        async with world("gemini", scenario, fetch=fetch_policy) as w:
+            with anyio.fail_after(4):
+                out = await w.turn("native", tools=("fetch",))
+
+    assert [c["status"] for c in calls(out)] == ["ok", "ok"]
+    assert all("together" in r for r in results_of(out))
 
 
 @pytest.mark.parametrize("kind", KINDS)
