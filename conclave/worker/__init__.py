@@ -1,1 +1,1 @@
-"""The worker's inner tool loop: `<tool_call>` tags, hop budget, allowlist, untrusted wrapping."""
+"""The worker's inner tool loop: native calls or `<tool_call>` tags, hop budget, allowlist, wrapping."""
