@@ -17,9 +17,9 @@ def answer_from(outcome: WorkerOutcome, name: str, runtime: Runtime) -> Answer:
     if outcome.failure is not None:  # a bug must cost one answer, not the whole call
         exc = outcome.failure
         message = runtime.telemetry.redactor.text(f"{type(exc).__name__}: {exc}")
-        return Answer(
-            name, runtime.config.providers[name].model, "error", error=_error("internal_error", message)
-        )
+        failed = _error("internal_error", message)
+        configured = runtime.config.providers[name].model
+        return Answer(name, configured, "error", error=failed, tool_mode=outcome.tool_mode)
     status: str = "ok"
     text: str | None = outcome.text
     error: dict[str, Any] | None = None
@@ -41,6 +41,7 @@ def answer_from(outcome: WorkerOutcome, name: str, runtime: Runtime) -> Answer:
         warnings=tuple(outcome.warnings),
         inner_tool_calls=tuple(outcome.inner_tool_calls),
         cost_cap=outcome.cost_cap,
+        tool_mode=outcome.tool_mode,
         exchanges=tuple(outcome.exchanges),
     )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -119,14 +119,14 @@ class Session:
             cost_cap=self.tools.cap,
             canary=self.canary if tools else "",
             role=role,
-            tool_mode=tool_mode(
-                self.args.get("worker_tool_mode"),
-                self.runtime.config.providers[name],
-                self.runtime.config.worker_tools.mode,
-            ),
+            tool_mode=self._tool_mode(name) if tools else "tags",
         )
         outcome = await self.runtime.worker.run(turn)
-        return replace(answer_from(outcome, name, self.runtime), tool_mode=outcome.tool_mode)
+        return answer_from(outcome, name, self.runtime)
+
+    def _tool_mode(self, name: str) -> ToolMode:
+        config = self.runtime.config
+        return tool_mode(self.args.get("worker_tool_mode"), config.providers[name], config.worker_tools.mode)
 
     def hinted(self, system: str | None, tools: Sequence[str]) -> str | None:
         """The system prompt a turn with `tools` is sent: with the tool hint when there are any."""
