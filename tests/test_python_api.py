@@ -61,6 +61,23 @@ async def test_one_client_opens_its_runtime_once_for_many_calls(
 
 
 @pytest.mark.anyio
+async def test_a_clients_calls_share_one_runtime_so_a_breaker_opened_by_one_is_open_for_the_next(
+    make_config: Callable[..., Config],
+) -> None:
+    config = make_config(
+        {"dead": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}},
+        retry={"max_attempts": 1},
+        breakers={"failure_threshold": 1, "cooldown_seconds": 600},
+    )
+    async with conclave.Conclave(config) as client:
+        first = await client.confer("One?", providers=["dead"])
+        second = await client.confer("Two?", providers=["dead"])
+    assert [first.answers[0].status, second.answers[0].status] == ["error", "breaker_open"]
+    alone = await conclave.confer("Three?", config=config, providers=["dead"])
+    assert alone.answers[0].status == "error"  # a one-shot call opens a runtime of its own
+
+
+@pytest.mark.anyio
 async def test_a_client_used_outside_its_block_says_how_to_open_it(
     make_config: Callable[..., Config],
 ) -> None:
