@@ -1,7 +1,7 @@
 """Instructions per K=5 confer, counted by callgrind: a figure this noisy machine cannot move.
 
-Run: .venv/bin/python -m bench.instructions [--via api,server,panel,raw] [--variants default,off]
-     (needs valgrind; each via and variant takes about a minute and a half)
+Run: .venv/bin/python -m bench.instructions [--via api,server,panel,raw,verify-tags,verify-native]
+     [--variants default,off]   (needs valgrind; each via and variant takes about a minute and a half)
 
 The timing figures of the suite swing by ±15 % between runs here, so a change worth 2 % of
 Conclave's CPU cannot be seen in them. Executed instructions can: the same build counts the
@@ -18,7 +18,13 @@ What runs (`--batch` confers at a time, after two warm-up waves):
   `anyio.run` as `conclave serve` runs, minus the pipe;
 - `panel`: `confer` through the Python API over real HTTP to the simulated panel (zero
   latency, in its own process, not counted): Conclave plus aiohttp;
-- `raw`: the suite's raw-aiohttp fan-out making the same calls to the panel (the limit).
+- `raw`: the suite's raw-aiohttp fan-out making the same calls to the panel (the limit);
+- `verify-tags`, `verify-native`: as `api`, with `worker_tools=["verify"]` and
+  `worker_tool_mode` tags or native. The in-memory transport answers like a model: while the
+  request holds no tool result it asks for one `verify` call (a `<tool_call>` tag in the
+  text, or an OpenAI `tool_calls` entry), then it gives the final answer. Every member thus
+  makes one verify hop (two model calls); an answer with any other shape fails the run.
+  Given both, the run prints their ratio (`verify hop: native / tags`).
 
 The kernel's work (sockets, the event log, transcript files) is not counted: callgrind sees
 user space only. `default` writes events and transcripts; `off` writes neither; their
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -55,16 +62,41 @@ ANSWER = (
     b'I would choose option 2; the trade-offs favour it. (ref 97bcc8)"},"finish_reason":"stop"}],'
     b'"usage":{"prompt_tokens":21,"completion_tokens":28,"total_tokens":49}}'
 )
-# As aiohttp's parser hands them over: a read-only mapping that ignores the name's case.
-ANSWER_HEADERS = CIMultiDictProxy(
-    CIMultiDict(
-        (
-            ("Content-Type", "application/json"),
-            ("x-request-id", "req-bench"),
-            ("Content-Length", str(len(ANSWER))),
+
+
+def _headers(body: bytes) -> CIMultiDictProxy[str]:
+    """As aiohttp's parser hands them over: a read-only mapping that ignores the name's case."""
+    return CIMultiDictProxy(
+        CIMultiDict(
+            (
+                ("Content-Type", "application/json"),
+                ("x-request-id", "req-bench"),
+                ("Content-Length", str(len(body))),
+            )
         )
     )
-)
+
+
+def _completion(message: dict[str, Any], finish_reason: str) -> bytes:
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason}
+    usage = {"prompt_tokens": 21, "completion_tokens": 28, "total_tokens": 49}
+    body = {"id": "chatcmpl-bench", "object": "chat.completion", "model": "bench-m0"}
+    return orjson.dumps({**body, "choices": [choice], "usage": usage})
+
+
+ANSWER_HEADERS = _headers(ANSWER)
+SIX_SEVENS = {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}
+_TAG = json.dumps({"name": "verify", "args": SIX_SEVENS})
+_FUNCTION = {"name": "verify", "arguments": json.dumps(SIX_SEVENS)}  # arguments: a JSON string
+_NATIVE_CALL = {"id": "call_bench", "type": "function", "function": _FUNCTION}
+# A model's first turn, asking for one verify call in each encoding, as the exchange returns it.
+VERIFY_CALLS = {
+    "tags": _completion({"role": "assistant", "content": f"Checking. <tool_call>{_TAG}</tool_call>"}, "stop"),
+    "native": _completion({"role": "assistant", "content": None, "tool_calls": [_NATIVE_CALL]}, "tool_calls"),
+}
+VERIFY_REPLIES = {mode: (200, _headers(body), body) for mode, body in VERIFY_CALLS.items()}
+# The wrapped verify result, in a user message (tags) or a tool message (native): the hop is done.
+HOP_DONE = b'<tool_result name=\\"verify\\"'
 _COLLECTED = re.compile(r"Collected : (\d+)")
 ARGUMENTS = {"question": QUESTION, "providers": list(PLAIN_MODELS[:K])}
 WARM_UP_WAVES = 2  # caches, pools and the day's transcript folder, before anything is counted
@@ -73,18 +105,30 @@ VIA_MEANS = {
     "server": "stdio server's line loop, transport in memory",
     "panel": "Python API over HTTP to the panel (+ aiohttp)",
     "raw": "raw aiohttp fan-out over HTTP to the panel",
+    "verify-tags": "Python API, one verify hop per member, tags",
+    "verify-native": "Python API, one verify hop per member, native",
 }
-VIAS = ("api", "server", "panel", "raw")  # panel and raw: real HTTP to the simulated panel
+# panel and raw: real HTTP to the simulated panel; verify-*: the api via with one tool hop
+VIAS = ("api", "server", "panel", "raw", "verify-tags", "verify-native")
+HOP_VIAS = {"verify-tags": "tags", "verify-native": "native"}
 OVER_HTTP = ("panel", "raw")
 
 
-def in_memory_transport() -> Any:
+def in_memory_transport(hop: str | None = None) -> Any:
+    """A provider transport answering at once from memory. With `hop` (tags | native) it answers
+    like a model making one verify call in that encoding: the call while the conversation holds
+    no tool result, then the final answer."""
     from conclave.http import ProviderTransport
 
+    plain = (200, ANSWER_HEADERS, ANSWER)
+    first = plain if hop is None else VERIFY_REPLIES[hop]  # the call, until its result is sent
+
     class InMemory(ProviderTransport):
-        async def exchange(self, *_args: Any, **_kwargs: Any) -> tuple[int, Any, bytes]:
+        async def exchange(
+            self, _method: str, _url: str, _headers: Any, body: bytes, **_kwargs: Any
+        ) -> tuple[int, Any, bytes]:
             await asyncio.sleep(0)  # a real exchange suspends the caller at least once
-            return 200, ANSWER_HEADERS, ANSWER
+            return plain if hop is None or HOP_DONE in body else first
 
     return InMemory()
 
@@ -96,25 +140,40 @@ def bench_config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -
     return load_config(str(path), env=bench_env(), dotenv=None)
 
 
-async def _confers(config: Any, transport: Any, count: int, batch: int) -> None:
+async def _confers(config: Any, transport: Any, count: int, batch: int, hop: str | None = None) -> None:
     """`confer` called through the Python API from a host's own asyncio loop, as the suite's
-    conclave-api contender; `transport` None means the production one."""
+    conclave-api contender; `transport` None means the production one. With `hop`, each
+    member has the verify tool in that mode and must use it once."""
     from conclave import Conclave
 
     async with Conclave(config, transport=transport) as client:
         for _ in range(WARM_UP_WAVES + count // batch):
-            await confer_wave(client, batch)
+            await confer_wave(client, batch, hop)
 
 
-async def confer_wave(client: Any, batch: int) -> None:
-    """`batch` K=5 confers at once; any degraded answer fails the measurement."""
+async def confer_wave(client: Any, batch: int, hop: str | None = None) -> None:
+    """`batch` K=5 confers at once; any degraded answer, or with `hop` any answer that did not
+    make exactly one verify call in that mode, fails the measurement."""
+    arguments = (
+        ARGUMENTS if hop is None else {**ARGUMENTS, "worker_tools": ["verify"], "worker_tool_mode": hop}
+    )
 
     async def one() -> None:
-        result = await client.confer(**ARGUMENTS)
+        result = await client.confer(**arguments)
         if result.degraded:
             raise RuntimeError(f"degraded: {result.degraded_reasons}")
+        if hop is not None:
+            for answer in result.answers:
+                _check_hop(answer, hop)
 
     await asyncio.gather(*(one() for _ in range(batch)))
+
+
+def _check_hop(answer: Any, mode: str) -> None:
+    """One verify call that ran, then the final answer: two model calls, in `mode`."""
+    calls = [(call.name, call.status) for call in answer.inner_tool_calls]
+    if answer.hops != 2 or calls != [("verify", "ok")] or answer.tool_mode != mode:
+        raise RuntimeError(f"not one {mode} verify hop: hops={answer.hops} calls={calls} {answer}")
 
 
 async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
@@ -220,7 +279,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--variants", default="default,off", help=f"comma-separated subset of {','.join(VARIANTS)}"
     )
-    parser.add_argument("--via", default="api", help=f"comma-separated subset of {','.join(VIAS)}")
+    parser.add_argument(
+        "--via",
+        default="api",
+        help=f"comma-separated subset of {','.join(VIAS)}; verify-tags and verify-native: as api, every"
+        " member making one verify hop in that encoding; given both, their ratio is printed",
+    )
     parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
@@ -240,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_confers(config, None, args.confers, args.batch))
         elif args.via == "raw":
             asyncio.run(_via_raw(args.confers, args.batch, args.url))
+        elif args.via in HOP_VIAS:
+            config, hop = bench_config(args.child, args.work), HOP_VIAS[args.via]
+            asyncio.run(_confers(config, in_memory_transport(hop), args.confers, args.batch, hop))
         else:  # as a host application would: its own asyncio loop
             config = bench_config(args.child, args.work)
             asyncio.run(_confers(config, in_memory_transport(), args.confers, args.batch))
@@ -261,19 +328,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             put_scenarios(urls, scenarios())
             url = urls["openai"]
         figures: dict[tuple[str, str], float] = {}
+        width = max(len(via) for via in vias)
         for via in vias:
             for variant in ["default"] if via == "raw" else variants:
                 figures[via, variant] = per_confer(via, variant, args.confers, args.batch, url)
+                calls = K * (2 if via in HOP_VIAS else 1)  # a verify hop: two model calls per member
                 print(
-                    f"  {via:6s} {variant:17s} {figures[via, variant]:>12,.0f} instructions per confer"
-                    f"  ({figures[via, variant] / K:,.0f} per call)  {VIA_MEANS[via]}"
+                    f"  {via:{width}s} {variant:17s} {figures[via, variant]:>12,.0f} instructions per confer"
+                    f"  ({figures[via, variant] / calls:,.0f} per model call)  {VIA_MEANS[via]}"
                 )
             if (via, "default") in figures and (via, "off") in figures:
                 on, off = figures[via, "default"], figures[via, "off"]
                 print(
-                    f"  {via:6s} telemetry + transcripts: {(on - off) / on * 100.0:.1f} %"
+                    f"  {via:{width}s} telemetry + transcripts: {(on - off) / on * 100.0:.1f} %"
                     " of the default's instructions"
                 )
+        for variant in variants:
+            if ("verify-native", variant) in figures and ("verify-tags", variant) in figures:
+                ratio = figures["verify-native", variant] / figures["verify-tags", variant]
+                print(f"  verify hop: native / tags = {ratio:.3f} ({variant}; the issue's bound: 1.10)")
         if ("panel", "default") in figures and ("raw", "default") in figures:
             ratio = figures["raw", "default"] / figures["panel", "default"]
             print(
