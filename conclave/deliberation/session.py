@@ -33,8 +33,7 @@ from conclave.deliberation.results import (
 from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
 from conclave.telemetry import session as bind_session
-from conclave.worker.encodings import ToolMode
-from conclave.worker.hint import tool_hint, with_hint
+from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
 
@@ -129,12 +128,15 @@ class Session:
         return tool_mode(self.args.get("worker_tool_mode"), config.providers[name], config.worker_tools.mode)
 
     def hinted(self, system: str | None, tools: Sequence[str]) -> str | None:
-        """The system prompt a turn with `tools` is sent: with the tool hint when there are any."""
+        """The system prompt a turn with `tools` is sent in tags mode, for a dry run's bounds: the
+        worker loop's own, whose hint carries every tool's schema (native mode sends the same
+        schemas as declarations)."""
         if not tools:
             return system
-        settings = self.runtime.config.worker_tools
-        hint = tool_hint(self.runtime.tools, tools, hop_budget=settings.hop_budget, canary=self.canary)
-        return with_hint(system, hint)
+        toolset = Toolset(
+            self.runtime.tools, tuple(tools), self.runtime.config.worker_tools.hop_budget, self.canary
+        )
+        return ENCODINGS["tags"].declare(toolset, system, final_round=False).system
 
     def turn_shape(self, prompt_bytes: int, *, tools_on: bool) -> TurnShape:
         """The size of one planned turn of this call, for a dry run's bounds."""
