@@ -228,6 +228,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
+    from conclave.deliberation.session import tool_mode
     from conclave.doctor import providers_in_use
 
     config = _load(args)
@@ -241,6 +242,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
             "key_present": config.key_present(name),
             "in_panel": name in config.panel,
             "in_use": name in in_use,
+            "tool_mode": tool_mode(None, p, config.worker_tools.mode),
         }
         for name, p in config.providers.items()
     ]
@@ -248,7 +250,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print(f"config: {config.source}")
-    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL"]]
+    table = [["NAME", "KIND", "MODEL", "KEY", "PANEL", "TOOLS"]]
     for row in rows:
         table.append(
             [
@@ -257,6 +259,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
                 str(row["model"]),
                 _key_cell(row),
                 "yes" if row["in_panel"] else "no",
+                str(row["tool_mode"]),
             ]
         )
     _print_table(table)

@@ -80,8 +80,7 @@ class WorkerToolsConfig:
     result_max_bytes: int = 65536
     cost_cap_usd: float = 0.0
     cost_cap_mode: CostCapMode = "warn"
-    # tags until the demo and the hardening suites run in both modes; then auto
-    mode: WorkerToolMode = "tags"
+    mode: WorkerToolMode = "auto"
 
 
 @dataclass(frozen=True, slots=True)

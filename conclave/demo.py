@@ -5,6 +5,8 @@ Everything real runs: the provider adapters over loopback HTTP, the worker tool 
 `fetch` (reaching a tiny local page, allowed through `fetch.allow_private`), `verify`, role envelopes,
 telemetry and transcripts. Only the models are fake: each simulated member is scripted below with
 `Rule`s keyed on what its last message contains, so the same script serves every call it gets.
+Two members call their tools natively (structured calls, SPEC §7); the third is set to the
+`<tool_call>` tag protocol, the fallback for servers without tool support, so both encodings show.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from conclave.config import Config
 from conclave.render import Deliberation, progress_for, render, wants_colour
 from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
 from conclave.simulated import SIMULATED_MEMBERS, simulated_config
 from conclave.tail import Filters, backlog, format_event
 
-FETCHER, CHECKER, PLAIN = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
+FETCHER, CHECKER, TAGGER = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
+TOOL_MODES = {FETCHER: "native", CHECKER: "native", TAGGER: "tags"}  # TAGGER is set to tags below
+CHECKER_THINKING = "The user wants 17 x 23 checked; the verify tool settles arithmetic exactly."
 TAIL_EVENTS = 14
 LIGHTHOUSE_PAGE = """<!doctype html>
 <html><head><title>Exampleville lighthouse</title></head>
@@ -38,8 +42,9 @@ LIGHTHOUSE_PAGE = """<!doctype html>
 """
 
 # Phrases that appear only in one role's prompt (conclave/prompts/roles/*.user.txt), so one scripted
-# model can answer as critic and as synthesizer. The tool result marker opens every fed-back result.
+# model can answer as critic and as synthesizer. A fed-back result opens with its tool's marker.
 TOOL_RESULT = "<tool_result"
+FETCH_RESULT, VERIFY_RESULT = '<tool_result name="fetch"', '<tool_result name="verify"'
 PROPOSER_ASK = "Write your proposal for this task"
 CRITIC_ASK = "Review this proposal on your own"
 SYNTHESIZER_ASK = "Write the final answer to the task"
@@ -66,7 +71,7 @@ def _reply(payload: Mapping[str, Any] | str) -> Reply:
 
 
 def fetcher_script(page_url: str) -> Scenario:
-    """sim-openai: in confer, fetches the page, then answers from it; in coordinate, proposes."""
+    """sim-openai (native): in confer, fetches the page, then answers from it; in coordinate, proposes."""
     proposal = {
         "proposal": "Use LRU eviction with a 10-minute TTL, capped at 10,000 entries (about 20 MB).",
         "rationale": "Recent responses are the likeliest to be asked again; the TTL bounds staleness.",
@@ -74,7 +79,7 @@ def fetcher_script(page_url: str) -> Scenario:
         "confidence": 0.75,
     }
     return Scenario(
-        replies=(_reply(_tag("fetch", {"url": page_url})),),
+        replies=(Reply(tool_calls=(NativeCall("fetch", {"url": page_url}),)),),
         rules=(
             Rule(
                 TOOL_RESULT, _reply("The Exampleville page I fetched says the lighthouse is 47 metres tall.")
@@ -85,7 +90,8 @@ def fetcher_script(page_url: str) -> Scenario:
 
 
 def checker_script() -> Scenario:
-    """sim-anthropic: in confer, checks the arithmetic with verify; in coordinate, critic and synthesizer."""
+    """sim-anthropic (native, thinking first): in confer, checks the arithmetic with verify; in
+    coordinate, critic and synthesizer."""
     check = {"checks": [{"type": "math", "expression": "17 * 23", "expected": 391}]}
     critique = {
         "verdict": "revise",
@@ -109,7 +115,7 @@ def checker_script() -> Scenario:
         "rationale": "Keeps the proposal's LRU core and takes up the critic's major issue.",
     }
     return Scenario(
-        replies=(_reply(_tag("verify", check)),),
+        replies=(Reply(tool_calls=(NativeCall("verify", check),), thinking=CHECKER_THINKING),),
         rules=(
             Rule(TOOL_RESULT, _reply("17 × 23 = 391 is right: I checked it with the verify tool.")),
             Rule(SYNTHESIZER_ASK, _reply(synthesis)),
@@ -118,9 +124,9 @@ def checker_script() -> Scenario:
     )
 
 
-def plain_script() -> Scenario:
-    """sim-gemini: in confer, answers without tools; in coordinate, checks the memory estimate with
-    verify, then reviews."""
+def tagger_script(page_url: str) -> Scenario:
+    """sim-gemini (tag protocol): in confer, fetches the page too; in coordinate, checks the memory
+    estimate with verify, then reviews."""
     check = {"checks": [{"type": "math", "expression": "10000 * 2048", "expected": 20480000}]}
     critique = {
         "verdict": "accept",
@@ -128,17 +134,21 @@ def plain_script() -> Scenario:
         "summary": "Checked: 10,000 entries of 2 KiB are 20,480,000 bytes, so the 20 MB estimate holds.",
         "confidence": 0.85,
     }
-    answer = "I cannot open pages, so I cannot confirm the height; 17 × 23 is 391 by hand."
+    answer = "The page says 47 metres, first lit in 1893; and 17 × 23 is 391, worked by hand."
     return Scenario(
-        replies=(_reply(answer),),
-        rules=(Rule(TOOL_RESULT, _reply(critique)), Rule(CRITIC_ASK, _reply(_tag("verify", check)))),
+        replies=(_reply(_tag("fetch", {"url": page_url})),),
+        rules=(
+            Rule(FETCH_RESULT, _reply(answer)),
+            Rule(VERIFY_RESULT, _reply(critique)),
+            Rule(CRITIC_ASK, _reply(_tag("verify", check))),
+        ),
     )
 
 
 def script_panel(panel: SimPanel, page_url: str) -> None:
     panel.set_scenario(_model(FETCHER), fetcher_script(page_url))
     panel.set_scenario(_model(CHECKER), checker_script())
-    panel.set_scenario(_model(PLAIN), plain_script())
+    panel.set_scenario(_model(TAGGER), tagger_script(page_url))
 
 
 # ---------------------------------------------------------------- the run
@@ -163,10 +173,12 @@ async def page_server() -> AsyncIterator[int]:
 
 
 def demo_config(base: Config, panel: SimPanel, page_port: int) -> Config:
-    """The simulated members, plus a fetch policy that lets them reach the local page (and nothing
-    else private: only 127.0.0.1 and only the page's port are added)."""
+    """The simulated members (TAGGER on the tag protocol), plus a fetch policy that lets them reach
+    the local page (and nothing else private: only 127.0.0.1 and only the page's port are added)."""
     urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
     config = simulated_config(base, urls)
+    tagger = dataclasses.replace(config.providers[TAGGER], tool_mode="tags")
+    config = dataclasses.replace(config, providers={**config.providers, TAGGER: tagger})
     policy = config.fetch
     fetch = dataclasses.replace(
         policy,
@@ -229,8 +241,9 @@ def problems(run: DemoRun) -> list[str]:
         found.append(f"coordinate is degraded: {run.coordinate['degraded_reasons']}")
     answers = {a["provider"]: a for a in run.confer["answers"]}
     found += _tool_problem(answers.get(FETCHER), "fetch") + _tool_problem(answers.get(CHECKER), "verify")
+    found += _tool_problem(answers.get(TAGGER), "fetch")
     critics = {c["provider"]: c for c in run.coordinate["critiques"]}
-    found += _tool_problem(critics.get(PLAIN), "verify")
+    found += _tool_problem(critics.get(TAGGER), "verify")
     if not (run.coordinate.get("synthesis") or {}).get("envelope"):
         found.append("coordinate has no synthesis")
     return found
@@ -238,16 +251,18 @@ def problems(run: DemoRun) -> list[str]:
 
 def _tool_problem(answer: Mapping[str, Any] | None, tool: str) -> list[str]:
     calls = (answer or {}).get("inner_tool_calls") or []
-    if any(c["name"] == tool and c["status"] == "ok" for c in calls):
-        return []
     who = (answer or {}).get("provider", "?")
-    return [f"{who} did not use {tool} successfully (tool calls: {calls})"]
+    if not any(c["name"] == tool and c["status"] == "ok" for c in calls):
+        return [f"{who} did not use {tool} successfully (tool calls: {calls})"]
+    used, meant = (answer or {}).get("tool_mode"), TOOL_MODES.get(who)
+    return [] if used == meant else [f"{who} called its tools as {used}, not {meant}"]
 
 
 def report(run: DemoRun, out: TextIO, colour: bool) -> int:
     """Print the whole story; 0 when everything worked, 1 otherwise."""
     confer_id, coordinate_id = run.sessions
     _section(out, "1/2  confer: three members in parallel, with the worker tools fetch and verify")
+    print(ENCODINGS_NOTE, file=out)
     print(render("confer", run.confer, colour=colour), file=out)
     _section(out, "2/2  coordinate: proposer -> critics (with tools) -> synthesizer")
     print(render("coordinate", run.coordinate, colour=colour), file=out)
@@ -287,6 +302,11 @@ SIMULATED_BANNER = (
     "Conclave demo - SIMULATED PANEL. Three scripted models (sim-openai, sim-anthropic, sim-gemini) answer\n"
     "from a local loopback server: no real provider is called and no API key is needed. Everything\n"
     "else is real: the adapters, the worker tool loop, fetch and verify, telemetry and transcripts."
+)
+ENCODINGS_NOTE = (
+    f"{FETCHER} and {CHECKER} call tools natively (structured tool calls); {TAGGER} is set to\n"
+    "the <tool_call> tag protocol (tool_mode: tags), the fallback for servers without tool support.\n"
+    "Each answer's header says which encoding it used; the policy is the same for both."
 )
 SIMULATED_NOTE = "Every answer above came from the simulated panel (scripted in conclave/demo.py)."
 REAL_KEYS = (

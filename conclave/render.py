@@ -142,7 +142,7 @@ def _answer_block(answer: Mapping[str, Any], style: Style) -> list[str]:
         fmt_cost((answer.get("usage") or {}).get("cost_usd")),
         f"{answer.get('hops', 0)} hop{'s' if answer.get('hops') != 1 else ''}",
     ]
-    lines = [" · ".join(head)]
+    lines = [" · ".join(head + _tool_mode(answer))]
     if answer.get("text"):
         lines += _indent(str(answer["text"]))
     lines += _problem_lines(answer, style)
@@ -276,7 +276,12 @@ def _role_head(title: str, answer: Mapping[str, Any], style: Style) -> list[str]
     ]
     if (answer.get("attempts") or 0) > 1:
         parts.append("re-prompted once")
-    return [" · ".join(parts)]
+    return [" · ".join(parts + _tool_mode(answer))]
+
+
+def _tool_mode(answer: Mapping[str, Any]) -> list[str]:
+    """How the answer's worker tools were encoded (SPEC §7), when it had any."""
+    return [f"tools: {answer['tool_mode']}"] if answer.get("tool_mode") else []
 
 
 def _role_problems(answer: Mapping[str, Any], style: Style) -> list[str]:

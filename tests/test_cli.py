@@ -57,6 +57,14 @@ def test_providers_shows_key_presence_never_the_key(tmp_path: Path) -> None:
     assert CANARY not in result.stdout + result.stderr
 
 
+def test_providers_say_how_each_encodes_worker_tools(tmp_path: Path) -> None:
+    rows = {row["name"]: row for row in json.loads(conclave("providers", "--json", cwd=tmp_path).stdout)}
+    assert {rows[n]["tool_mode"] for n in ("openai", "anthropic", "gemini", "groq")} == {"native"}
+    assert rows["ollama"]["tool_mode"] == "tags", "the shipped Ollama preset keeps the tag protocol"
+    tags = conclave("providers", "--set", "worker_tools.mode=tags", "--json", cwd=tmp_path)
+    assert {row["tool_mode"] for row in json.loads(tags.stdout)} == {"tags"}
+
+
 def test_providers_table_tells_which_variable_to_set(tmp_path: Path) -> None:
     result = conclave("providers", cwd=tmp_path)
     assert "no (set ANTHROPIC_API_KEY)" in result.stdout

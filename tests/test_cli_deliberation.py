@@ -227,17 +227,28 @@ def test_confer_passes_every_option_through(workdir: Path, panel: Panel) -> None
     assert "CTX-MARK" in sent and "SYS-MARK" in sent
 
 
+MATH_CHECK = {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}
+
+
+@pytest.mark.parametrize(
+    ("mode", "reply"),
+    [
+        ("native", {"tool_calls": [{"name": "verify", "arguments": MATH_CHECK}]}),
+        ("tags", {"text": f"<tool_call>{json.dumps({'name': 'verify', 'args': MATH_CHECK})}</tool_call>"}),
+    ],
+)
 def test_confer_readable_output_shows_tool_use_and_the_worker_tools_block(
-    workdir: Path, panel: Panel
+    workdir: Path, panel: Panel, mode: str, reply: dict[str, Any]
 ) -> None:
-    tag = '<tool_call>{"name": "verify", "args": {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}}</tool_call>'
     panel.script(
         "m-alpha",
-        {"replies": [{"text": tag}], "rules": [{"contains": "<tool_result", "reply": {"text": "It is 42."}}]},
+        {"replies": [reply], "rules": [{"contains": "<tool_result", "reply": {"text": "It is 42."}}]},
     )
-    result = conclave("confer", "q", "--providers", "alpha", "--worker-tools", "verify,bogus", cwd=workdir)
+    flags = ["--worker-tools", "verify,bogus"] + (["--worker-tool-mode", "tags"] if mode == "tags" else [])
+    result = conclave("confer", "q", "--providers", "alpha", *flags, cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert "It is 42." in result.stdout
+    assert f"2 hops · tools: {mode}" in result.stdout
     assert "tools used: hop 1 verify ok" in result.stdout
     assert "worker tools: accepted verify · rejected bogus · hop budget 2" in result.stdout
 

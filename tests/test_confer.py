@@ -19,7 +19,7 @@ from conclave.deliberation.confer import confer
 from conclave.errors import InvalidArguments
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import first_error
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio
@@ -243,15 +243,28 @@ async def test_an_unpriced_providers_cost_cap_reports_its_cost_as_unknown_never_
     assert "price_unknown" in result["warnings"]
 
 
-async def test_worker_tools_run_inside_confer(open_rt: Callable[..., Any], panel: SimPanel) -> None:
-    tag = '<tool_call>{"name": "verify", "args": {"checks": [{"type": "contains", "text": "abc", "substring": "b"}]}}</tool_call>'
+CONTAINS_CHECK = {"checks": [{"type": "contains", "text": "abc", "substring": "b"}]}
+
+
+@pytest.mark.parametrize("mode", ["auto", "tags"])
+async def test_worker_tools_run_inside_confer(
+    open_rt: Callable[..., Any], panel: SimPanel, mode: str
+) -> None:
+    if mode == "tags":
+        call = Reply(text=f"<tool_call>{json.dumps({'name': 'verify', 'args': CONTAINS_CHECK})}</tool_call>")
+    else:  # auto is native for the openai kind: the call comes back structured
+        call = Reply(tool_calls=(NativeCall("verify", CONTAINS_CHECK),))
     panel.set_scenario(
-        "m-alpha", Scenario(replies=(Reply(text=tag),), rules=(Rule("<tool_result", Reply(text="verified")),))
+        "m-alpha", Scenario(replies=(call,), rules=(Rule("<tool_result", Reply(text="verified")),))
     )
     async with open_rt() as rt:
-        result = await run_confer(rt, worker_tools=["verify"])
+        result = await run_confer(rt, worker_tools=["verify"], worker_tool_mode=mode)
     alpha = by_provider(result)["alpha"]
-    assert (alpha["text"], alpha["hops"]) == ("verified", 2)
+    assert (alpha["text"], alpha["hops"], alpha["tool_mode"]) == (
+        "verified",
+        2,
+        "native" if mode == "auto" else "tags",
+    )
     assert alpha["inner_tool_calls"] == [{"hop": 1, "name": "verify", "status": "ok", "reason": None}]
 
 

@@ -104,6 +104,17 @@ def requests_to(panel: SimPanel, model: str) -> list[str]:
     return [json.dumps(r.body) for r in panel.received if r.model == model]
 
 
+def _declared_names(body: dict[str, Any]) -> list[str]:
+    """The tool names a request declares natively, in any of the three wires."""
+    names: list[str] = []
+    for tool in body.get("tools", []):
+        if "functionDeclarations" in tool:
+            names += [d["name"] for d in tool["functionDeclarations"]]
+        else:
+            names.append(tool["function"]["name"] if "function" in tool else tool["name"])
+    return names
+
+
 async def test_a_debate_produces_valid_envelopes_for_every_role(
     open_rt: Callable[..., Any], panel: SimPanel, events_path: Path
 ) -> None:
@@ -192,13 +203,18 @@ async def test_an_envelope_invalid_twice_is_kept_raw_and_the_debate_goes_on(
     ]
 
 
+@pytest.mark.parametrize("mode", ["auto", "tags"])
 async def test_tool_hints_reach_proposer_and_critics_but_never_the_synthesizer(
-    open_rt: Callable[..., Any], panel: SimPanel
+    open_rt: Callable[..., Any], panel: SimPanel, mode: str
 ) -> None:
     async with open_rt() as rt:
-        result = await run(rt, worker_tools=["verify", "fetch", "delegate"])
+        result = await run(rt, worker_tools=["verify", "fetch", "delegate"], worker_tool_mode=mode)
     for model in ("m-prop", "m-beta", "m-gamma"):
-        assert "<tool_call>" in requests_to(panel, model)[0]
+        sent = json.loads(requests_to(panel, model)[0])
+        if mode == "tags":
+            assert "<tool_call>" in json.dumps(sent) and "tools" not in sent
+        else:  # auto: the three kinds declare the tools natively
+            assert sorted(_declared_names(sent)) == ["fetch", "verify"]
     synth = requests_to(panel, "m-synth")[0]
     assert "<tool_call>" not in synth and "tool" not in synth.lower()
     block = result["worker_tools"]

@@ -61,6 +61,8 @@ def test_the_demo_shows_both_calls_with_their_tool_use(
     out = result.stdout
     assert "tools used: hop 1 fetch ok" in out and "47 metres" in out
     assert "tools used: hop 1 verify ok" in out
+    assert "sim-openai · sim-gpt · ok" in out and "2 hops · tools: native" in out
+    assert "sim-gemini · sim-gemini · ok" in out and "2 hops · tools: tags" in out
     assert "═══ Synthesis" in out and "Use LRU eviction capped at 10,000 entries" in out
     assert "DEGRADED" not in out
 

@@ -17,7 +17,7 @@ from aiohttp import web
 import conclave
 from conclave.budgets import CostCap
 from conclave.config import Config, ProviderConfig
-from conclave.deliberation.session import tool_mode
+from conclave.deliberation.session import default_tool_mode, tool_mode
 from conclave.messages import Message
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import first_error
@@ -318,8 +318,10 @@ async def test_a_provider_that_rejects_tools_gets_the_turn_again_in_tags_and_tag
         replies=(Reply(text=tag), Reply(text=tag)), rules=(ANSWER_FROM_RESULT,), rejects_tools=True
     )
     async with world(kind, scenario) as w:
+        listed_before = default_tool_mode(w.runtime, "w")
         first = await w.turn("native")
         remembered = w.runtime.worker.tags_only("w")
+        listed_after = default_tool_mode(w.runtime, "w")
         second = await w.turn("native")
         bodies = w.bodies()
 
@@ -327,7 +329,7 @@ async def test_a_provider_that_rejects_tools_gets_the_turn_again_in_tags_and_tag
     assert "native_tools_unsupported" in first.warnings
     assert first.hops == 2, "the refused call is no hop"
     assert calls(first) == [{"hop": 1, "name": "verify", "status": "ok", "reason": None}]
-    assert remembered
+    assert remembered and (listed_before, listed_after) == ("native", "tags"), "list_providers shows it"
     assert second.tool_mode == "tags" and "native_tools_unsupported" not in second.warnings
     assert second.text.startswith("Checked: ")
     assert [bool(declared(kind, b)) for b in bodies] == [True, False, False, False, False]
@@ -385,13 +387,23 @@ async def test_a_native_confer_over_the_panel_validates_and_reports_its_mode(
     assert {e["mode"] for e in events if e["event"] == "worker_inner_call"} == {"native"}
 
 
-async def test_tags_stay_the_default(make_config: Callable[..., Config]) -> None:
+async def test_auto_is_the_default_and_a_provider_saying_tags_keeps_the_tag_protocol(
+    make_config: Callable[..., Config],
+) -> None:
     scenario = Scenario(replies=(Reply(text="No tools needed."),))
-    async with SimPanel(scenarios={"w1": scenario}) as panel:
-        config = make_config({"o": {"kind": "openai", "model": "w1", "base_url": panel.base_url("openai")}})
+    async with SimPanel(scenarios={"w1": scenario, "w2": scenario}) as panel:
+        url = panel.base_url("openai")
+        config = make_config(
+            {
+                "o": {"kind": "openai", "model": "w1", "base_url": url},
+                "local": {"kind": "openai", "model": "w2", "base_url": url, "tool_mode": "tags"},
+            }
+        )
         result = await conclave.confer("Hi?", config=config, worker_tools=["verify"])
-        body = panel.received[0].body
+        bodies = {r.model: r.body for r in panel.received}
 
-    assert config.worker_tools.mode == "tags"
-    assert result.to_dict()["answers"][0]["tool_mode"] == "tags"
-    assert "tools" not in body and "<tool_call>" in body["messages"][0]["content"]
+    assert config.worker_tools.mode == "auto"
+    modes = {a["provider"]: a["tool_mode"] for a in result.to_dict()["answers"]}
+    assert modes == {"o": "native", "local": "tags"}
+    assert [t["function"]["name"] for t in bodies["w1"]["tools"]] == ["verify"]
+    assert "tools" not in bodies["w2"] and "<tool_call>" in bodies["w2"]["messages"][0]["content"]

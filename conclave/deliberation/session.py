@@ -250,6 +250,13 @@ def tool_mode(asked: str | None, provider: ProviderConfig, configured: str) -> T
     return "native" if mode == "native" else "tags"
 
 
+def default_tool_mode(runtime: Runtime, name: str) -> ToolMode:
+    """The encoding `name`'s worker tools get in a call that does not choose one."""
+    if runtime.worker.tags_only(name):
+        return "tags"
+    return tool_mode(None, runtime.config.providers[name], runtime.config.worker_tools.mode)
+
+
 def merged_warnings(answers: Sequence[Answer], *, price_unknown: bool) -> tuple[str, ...]:
     """Every answer's warnings once, in order; `price_unknown` when some cost is unknown."""
     warnings = dict.fromkeys(w for answer in answers for w in answer.warnings)

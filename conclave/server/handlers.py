@@ -12,6 +12,7 @@ import orjson
 from conclave.catalog import Invocation
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
+from conclave.deliberation.session import default_tool_mode
 from conclave.doctor import providers_in_use
 from conclave.runtime import Runtime
 
@@ -40,6 +41,7 @@ async def run_list_providers(_args: Mapping[str, Any], invocation: Invocation) -
                 "roles": _roles_of(runtime, name) if name in in_use else [],
                 "breaker": runtime.providers.get(name).breaker.state,
                 "price_known": entry.price is not None,
+                "tool_mode": default_tool_mode(runtime, name),
             }
             for name, entry in config.providers.items()
         ]
@@ -107,6 +109,6 @@ def _error_line(answer: Mapping[str, Any]) -> str:
 def render_providers(result: Mapping[str, Any]) -> str:
     return "\n".join(
         f"{p['name']}: {p['kind']} {p['model']} key={'yes' if p['key_present'] else 'no'} "
-        f"panel={'yes' if p['in_panel'] else 'no'} breaker={p['breaker']}"
+        f"panel={'yes' if p['in_panel'] else 'no'} breaker={p['breaker']} tools={p['tool_mode']}"
         for p in result["providers"]
     )
