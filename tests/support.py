@@ -101,3 +101,19 @@ def text_page(path: str, text: str) -> contextlib.AbstractAsyncContextManager[in
         return web.Response(text=text, content_type="text/plain")
 
     return local_page(path, page)
+
+
+def last_tool_result_text(kind: str, mode: str, body: Any) -> str:
+    """The tool result text a request body sent last, as each wire carries it in each worker tool
+    encoding: the user message's text (tags), or the native result block's content."""
+    if kind == "gemini":
+        part = body["contents"][-1]["parts"][0]
+        if mode == "native":
+            response = part["functionResponse"]["response"]
+            return str(response.get("output", response.get("error")))
+        return str(part["text"])
+    content = body["messages"][-1]["content"]
+    if isinstance(content, str):
+        return content
+    blocks = [b.get("content", b.get("text")) for b in content]
+    return "".join(b if isinstance(b, str) else "".join(x["text"] for x in b) for b in blocks)

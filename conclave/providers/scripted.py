@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from conclave.messages import Completion, CompletionRequest, Usage
+from conclave.messages import Completion, CompletionRequest, ToolUse, Usage
 
 
 @dataclass(frozen=True, slots=True)
 class ScriptedReply:
+    """`tool_uses` plays a model calling tools natively (the worker loop's native mode)."""
+
     text: str
     finish_reason: str = "stop"
+    tool_uses: tuple[ToolUse, ...] = ()
 
 
 Script = str | ScriptedReply | Callable[[CompletionRequest], "str | ScriptedReply"]
@@ -58,4 +61,5 @@ class ScriptedProvider:
             provider=self._name,
             latency_ms=1.0,
             warnings=() if self._cost is not None else ("price_unknown",),
+            tool_uses=reply.tool_uses,
         )

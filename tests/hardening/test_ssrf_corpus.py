@@ -28,13 +28,14 @@ from aiohttp import web
 
 from conclave.config import Config
 from conclave.errors import ToolRefused
-from conclave.messages import Message
-from conclave.providers.scripted import ScriptedProvider
+from conclave.messages import CompletionRequest, Message, ToolUse
+from conclave.providers.scripted import ScriptedProvider, ScriptedReply
 from conclave.runtime import Runtime, open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.worker.encodings import ToolMode
 from conclave.worker.loop import WorkerLoop, WorkerOutcome, WorkerTurn
 from tests.hardening.figures import record
-from tests.support import read_events
+from tests.support import last_tool_result_text, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +69,7 @@ CASES = DIRECT + REDIRECT
 
 
 # case id -> refused as expected, per door; filled as the cases run
-_REFUSED: dict[str, dict[str, bool]] = {"fetch": {}, "worker": {}}
+_REFUSED: dict[str, dict[str, bool]] = {"fetch": {}, "worker": {}, "worker (native)": {}}
 
 
 def corpus_counts() -> dict[str, int]:
@@ -160,7 +161,18 @@ def refusal_body(fed_back: str) -> dict[str, Any]:
     return body
 
 
-async def run_worker(rt: Runtime, provider: Any, session_id: str) -> WorkerOutcome:
+def native_fetch(url: str) -> ScriptedReply:
+    return ScriptedReply("", "tool_calls", (ToolUse("call-1", "fetch", {"url": url}),))
+
+
+def fed_back_natively(request: CompletionRequest) -> str:
+    """The result a native call got: the one ToolReturn of the last message, a refusal."""
+    (returned,) = request.messages[-1].tool_returns
+    assert returned.is_error and returned.call_id == "call-1"
+    return returned.content
+
+
+async def run_worker(rt: Runtime, provider: Any, session_id: str, mode: ToolMode = "tags") -> WorkerOutcome:
     loop = WorkerLoop(
         registry=rt.tools,
         tool_context=rt.tool_context,
@@ -174,12 +186,13 @@ async def run_worker(rt: Runtime, provider: Any, session_id: str) -> WorkerOutco
         session_id=session_id,
         tools=("fetch",),
         canary="CANARY-00112233445566ff",
+        tool_mode=mode,
     )
     with anyio.fail_after(25):
         return await loop.run(turn)
 
 
-def _check_worker(case: Case, out: WorkerOutcome, fed_back: str, events_path: Path) -> None:
+def _check_worker(case: Case, out: WorkerOutcome, fed_back: str, events_path: Path, runs: int = 1) -> None:
     assert out.error is None
     assert [c.to_dict() for c in out.inner_tool_calls] == [
         {"hop": 1, "name": "fetch", "status": "refused", "reason": "fetch_blocked"}
@@ -187,7 +200,10 @@ def _check_worker(case: Case, out: WorkerOutcome, fed_back: str, events_path: Pa
     body = refusal_body(fed_back)
     assert (body["refused"], body["reason"], body["fetch_reason"]) == (True, "fetch_blocked", case.reason)
     inner = [e for e in read_events(events_path) if e["event"] == "worker_inner_call"]
-    assert [(e["tool"], e["status"], e["reason"]) for e in inner] == [("fetch", "refused", "fetch_blocked")]
+    assert [(e["tool"], e["status"], e["reason"]) for e in inner] == [
+        ("fetch", "refused", "fetch_blocked")
+    ] * runs
+    assert inner[-1]["mode"] == out.tool_mode
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
@@ -195,7 +211,8 @@ async def test_refused_through_the_tool_and_from_inside_a_worker(
     case: Case, site: Site, runtime_for: Callable[[Case], Any], events_path: Path
 ) -> None:
     url = case.at(site.port)
-    _REFUSED["fetch"][case.id] = _REFUSED["worker"][case.id] = False
+    for door in _REFUSED:
+        _REFUSED[door][case.id] = False
     async with runtime_for(case) as rt:
         # 1. The fetch tool, called directly.
         with anyio.fail_after(10), pytest.raises(ToolRefused) as info:
@@ -208,44 +225,52 @@ async def test_refused_through_the_tool_and_from_inside_a_worker(
         # 2. The same URL from inside a worker's tool call.
         provider = ScriptedProvider("p", [fetch_tag(url), "Nothing I can use."])
         out = await run_worker(rt, provider, f"{case.id}-worker")
-    assert len(provider.requests) == 2
-    _check_worker(case, out, provider.requests[1].messages[-1].content, events_path)
+        rt.telemetry.flush()
+        assert len(provider.requests) == 2
+        _check_worker(case, out, provider.requests[1].messages[-1].content, events_path)
+        assert out.text == "Nothing I can use."
+        _check_site(case, site, runs=2)
+        _check_blocked_events(case, events_path, runs=2)
+        _REFUSED["worker"][case.id] = True
+        # 3. The same URL as a native tool call: the same refusal, for the same reason.
+        native = ScriptedProvider("p", [native_fetch(url), "Nothing I can use."])
+        out = await run_worker(rt, native, f"{case.id}-native", mode="native")
+        rt.telemetry.flush()
+    assert len(native.requests) == 2 and out.tool_mode == "native"
+    _check_worker(case, out, fed_back_natively(native.requests[1]), events_path, runs=2)
     assert out.text == "Nothing I can use."
-    _check_site(case, site, runs=2)
-    _check_blocked_events(case, events_path, runs=2)
-    _REFUSED["worker"][case.id] = True
+    _check_site(case, site, runs=3)
+    _check_blocked_events(case, events_path, runs=3)
+    _REFUSED["worker (native)"][case.id] = True
 
 
 E2E = {"openai": "direct-001", "anthropic": "direct-065", "gemini": "redirect-012"}
 
 
+@pytest.mark.parametrize("mode", ["tags", "native"])
 @pytest.mark.parametrize("kind", sorted(E2E))
 async def test_worker_over_the_simulated_panel_is_refused(
-    kind: str, site: Site, runtime_for: Callable[..., Any], events_path: Path
+    kind: str, mode: ToolMode, site: Site, runtime_for: Callable[..., Any], events_path: Path
 ) -> None:
     case = next(c for c in CASES if c.id == E2E[kind])
-    scenario = Scenario(
-        replies=(Reply(text=fetch_tag(case.at(site.port))),),
-        rules=(Rule("<tool_result", Reply(text="The fetch was refused.")),),
+    url = case.at(site.port)
+    call = (
+        Reply(text=fetch_tag(url))
+        if mode == "tags"
+        else Reply(tool_calls=(NativeCall("fetch", {"url": url}),))
     )
+    scenario = Scenario(replies=(call,), rules=(Rule("<tool_result", Reply(text="The fetch was refused.")),))
     async with SimPanel(scenarios={"w1": scenario}) as panel:
         providers = {"w": {"kind": kind, "model": "w1", "base_url": panel.base_url(kind)}}  # type: ignore[arg-type]
         async with runtime_for(case, providers) as rt:
-            out = await run_worker(rt, rt.providers.get("w"), case.id)
+            out = await run_worker(rt, rt.providers.get("w"), case.id, mode)
         fed_back = [r for r in panel.received if r.model == "w1"][-1].body
-    assert out.text == "The fetch was refused."
+    assert out.text == "The fetch was refused." and out.tool_mode == mode
     assert isinstance(fed_back, dict)
     last = json.dumps(fed_back)
     assert "fetch_blocked" in last and case.reason in last
-    _check_worker(case, out, _last_user_text(kind, fed_back), events_path)
+    _check_worker(case, out, last_tool_result_text(kind, mode, fed_back), events_path)
     _check_site(case, site)
-
-
-def _last_user_text(kind: str, body: dict[str, Any]) -> str:
-    if kind == "gemini":
-        return str(body["contents"][-1]["parts"][0]["text"])
-    content = body["messages"][-1]["content"]
-    return content if isinstance(content, str) else "".join(b["text"] for b in content)
 
 
 def test_the_corpus_is_large_and_well_formed() -> None:
@@ -279,3 +304,4 @@ def test_figures_refused_over_total() -> None:
             details={"failed": sorted(k for k, ok in outcomes.items() if not ok), **corpus_counts()},
         )
     assert all(all(outcomes.values()) for outcomes in _REFUSED.values())
+    assert _REFUSED["worker"] == _REFUSED["worker (native)"], "both encodings refuse the same URLs"
