@@ -73,7 +73,8 @@ SUITES = {
 
 
 EXPECTED: tuple[Expected, ...] = (
-    Expected("fault matrix: cells handled", "== total", "wire kind x fault x tool cells handled"),
+    Expected("fault matrix: cells handled", "== total", "wire kind x fault x door cells handled"),
+    Expected("fault matrix: cells handled (native)", "== total", "those in a native tool turn"),
     Expected("ssrf: refused via fetch", "== total", "SSRF corpus refused by the fetch tool"),
     Expected("ssrf: refused via worker", "== total", "SSRF corpus refused inside a worker tool call"),
     Expected("ssrf: refused via worker (native)", "== total", "the same, as native tool calls"),

@@ -35,7 +35,7 @@ from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import first_error
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.sim import NativeCall, Reply, Scenario, SimPanel
 from conclave.sim.server import BASE_PATHS
 from tests.hardening.figures import record
 from tests.support import read_events
@@ -43,7 +43,11 @@ from tests.support import read_events
 pytestmark = pytest.mark.anyio
 
 KINDS = ("openai", "anthropic", "gemini")
-DOORS = ("confer", "coordinate")
+# A "+tags" / "+native" door is confer with the worker tool `verify` in that encoding: every
+# healthy member makes one verify call first, and the faulty member's fault hits the follow-up
+# request that carries its tool call and result back (the first request, for the faults that
+# act on every request: hangs and a refused connection).
+DOORS = ("confer", "coordinate", "confer+tags", "confer+native")
 FAULTY = "faulty"
 HEALTHY = ("h-openai", "h-anthropic", "h-gemini")
 MAX_ATTEMPTS = 2
@@ -235,17 +239,42 @@ def _model(name: str) -> str:
     return f"m-{name}"
 
 
+CHECK = {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}
+
+
+def _mode(door: str) -> str | None:
+    """The worker tool encoding a door uses, or None for a door without worker tools."""
+    return door.partition("+")[2] or None
+
+
+def _tool_call(door: str) -> tuple[Reply, ...]:
+    """The verify call a member makes first in a door with worker tools."""
+    mode = _mode(door)
+    if mode == "native":
+        return (Reply(tool_calls=(NativeCall("verify", CHECK),)),)
+    if mode == "tags":
+        return (Reply(text=f"<tool_call>{json.dumps({'name': 'verify', 'args': CHECK})}</tool_call>"),)
+    return ()
+
+
+def _fault_after_a_call(cell: Cell) -> bool:
+    return _mode(cell.door) is not None and cell.latency_ms is None and not cell.refused
+
+
 def _good_reply(door: str, name: str) -> Reply:
-    if door == "confer":
+    if door.startswith("confer"):
         return Reply()
     envelope = {"h-openai": PROPOSAL, "h-gemini": SYNTHESIS}.get(name, CRITIQUE)
     return Reply(text=json.dumps(envelope))
 
 
 def _scenarios(cell: Cell) -> dict[str, Scenario]:
-    scenarios = {_model(n): Scenario(replies=(_good_reply(cell.door, n),)) for n in HEALTHY}
+    healthy = {n: (*_tool_call(cell.door), _good_reply(cell.door, n)) for n in HEALTHY}
+    scenarios = {_model(n): Scenario(replies=replies) for n, replies in healthy.items()}
     good = _good_reply(cell.door, FAULTY)
     replies = tuple(good if r is GOOD else r for r in cell.replies) or (good,)
+    if _fault_after_a_call(cell):
+        replies = (*_tool_call(cell.door), *replies)
     scenarios[_model(FAULTY)] = Scenario(replies=replies, latency_ms=cell.latency_ms)
     return scenarios
 
@@ -283,21 +312,24 @@ def _config(make_config: Callable[..., Config], panel: SimPanel, cell: Cell, tmp
 
 async def _call(rt: Runtime, door: str, **args: Any) -> dict[str, Any]:
     """One call through `door`, which must come back by its deadline with a valid result."""
+    mode = _mode(door)
+    if mode is not None:
+        args = {"worker_tools": ["verify"], "worker_tool_mode": mode, **args}
     with anyio.fail_after(DEADLINE_SECONDS + MARGIN_SECONDS):
-        if door == "confer":
+        if door.startswith("confer"):
             asked = {"question": "Which queue should we use?", "timeout_seconds": DEADLINE_SECONDS, **args}
             result = (await confer(rt, asked)).to_dict()
         else:
             debated = {"task": "Pick a database for the ledger.", "timeout_seconds": DEADLINE_SECONDS, **args}
             result = (await coordinate(rt, debated)).to_dict()
-    error = first_error(f"{door}.output.json", result)
+    error = first_error(f"{door.partition('+')[0]}.output.json", result)
     assert error is None, f"{error.message} at {list(error.absolute_path)}" if error else ""
     return result
 
 
 def _members(door: str, result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every member's answer by provider name (coordinate: the final round's roles)."""
-    if door == "confer":
+    if door.startswith("confer"):
         return {a["provider"]: a for a in result["answers"]}
     roles = [result["proposal"], *result["critiques"], result["synthesis"]]
     return {a["provider"]: a for a in roles if a is not None}
@@ -309,6 +341,11 @@ def _check_healthy(door: str, members: dict[str, dict[str, Any]]) -> None:
         assert (answer["status"], answer["error"]) == ("ok", None), f"{name} did not stand: {answer}"
         if door == "coordinate":
             assert answer["envelope"] is not None
+        if _mode(door) is not None:  # the verify hop ran, in the door's encoding
+            assert answer["tool_mode"] == _mode(door)
+            assert answer["inner_tool_calls"] == [
+                {"hop": 1, "name": "verify", "status": "ok", "reason": None}
+            ]
     if door == "coordinate":
         assert members["h-gemini"]["role"] == "synthesizer"
         assert "fallback_from" not in members["h-gemini"]
@@ -330,7 +367,7 @@ def _check_faulty(cell: Cell, expect: Expect, result: dict[str, Any], answer: di
     ]
 
 
-def _check_events(expect: Expect, events: list[dict[str, Any]]) -> None:
+def _check_events(cell: Cell, expect: Expect, events: list[dict[str, Any]]) -> None:
     retries = [e for e in events if e["event"] == "provider_retry"]
     assert all(e["provider"] == FAULTY for e in retries), "a healthy member was retried"
     if expect.retried:
@@ -343,6 +380,9 @@ def _check_events(expect: Expect, events: list[dict[str, Any]]) -> None:
     opened = [e["provider"] for e in events if e["event"] == "breaker_open"]
     assert opened == ([FAULTY] if expect.trips_breaker else [])
     calls = [e for e in events if e["event"] == "provider_call" and e["provider"] == FAULTY]
+    if _fault_after_a_call(cell):  # the tool call's request went through first
+        assert (calls[0]["status"], calls[0]["attempts"]) == ("ok", 1)
+        calls = calls[1:]
     assert len(calls) == 1
     assert calls[0]["status"] == ("ok" if expect.recovers else "error")
     assert calls[0]["attempts"] == (MAX_ATTEMPTS if expect.retried else 1)
@@ -374,11 +414,12 @@ async def test_fault_cell(
         members = _members(cell.door, result)
         _check_healthy(cell.door, members)
         _check_faulty(cell, expect, result, members[FAULTY])
-        _check_events(expect, read_events(events_path))
+        _check_events(cell, expect, read_events(events_path))
         if cell.refused:
             assert panel.calls(_model(FAULTY)) == 0
         elif cell.latency_ms is None:
-            assert panel.calls(_model(FAULTY)) == (MAX_ATTEMPTS if expect.retried else 1)
+            first = 1 if _fault_after_a_call(cell) else 0
+            assert panel.calls(_model(FAULTY)) == first + (MAX_ATTEMPTS if expect.retried else 1)
         if expect.trips_breaker:
             # The breaker is open: the next call fails fast, without a request to the panel.
             before = panel.calls(_model(FAULTY))
@@ -394,7 +435,7 @@ def test_the_matrix_covers_every_kind_fault_and_door() -> None:
     assert len(CELLS) == len(KINDS) * len(DOORS) * len(faults)
     assert len({c.id for c in CELLS}) == len(CELLS)
     assert {c.fault for c in NOT_APPLICABLE} == {"in_stream_error"}
-    assert matrix_counts() == {"cells": 72, "applicable": 66, "not_applicable": 6}
+    assert matrix_counts() == {"cells": 144, "applicable": 132, "not_applicable": 12}
 
 
 @pytest.mark.parametrize(
@@ -432,5 +473,14 @@ def test_figure_cells_handled() -> None:
             "failed": sorted(k for k, ok in _HANDLED.items() if not ok),
             "not_applicable": {c.id: c.not_applicable for c in NOT_APPLICABLE},
         },
+    )
+    native = [c.id for c in APPLICABLE if _mode(c.door) == "native"]
+    record(
+        "fault matrix: cells handled (native)",
+        sum(_HANDLED[i] for i in native),
+        total=len(native),
+        target="== total",
+        command=".venv/bin/pytest tests/hardening/test_fault_matrix.py -k native",
+        details="confer with a native verify call per member; the fault hits the follow-up request",
     )
     assert handled == len(APPLICABLE)

@@ -37,12 +37,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conclave.config import Config
+from conclave.config import Config, ProviderConfig
 from conclave.errors import InvalidArguments
+from conclave.messages import Message
+from conclave.providers.openai import OpenAIAdapter
+from conclave.providers.scripted import ScriptedProvider, ScriptedReply
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import first_error
 from conclave.server.core import Server
 from conclave.server.stdio import serve_lines
+from conclave.strictjson import tool_arguments
+from conclave.worker.loop import WorkerOutcome, WorkerTurn
 from conclave.worker.tags import (
     CLOSE,
     MAX_NAME_CHARS,
@@ -205,6 +210,136 @@ def test_a_valid_call_round_trips_and_any_cut_of_it_is_never_executed(
             assert isinstance(result, ToolCall) and (result.name, result.args) == (name, args)
         cut_text = (prose + tag)[: len(prose) + min(cut, len(tag) - 1)]
         assert not isinstance(check_parse(cut_text, True), ToolCall)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1b. Native tool calls: OpenAI-style argument strings and call shapes
+# ---------------------------------------------------------------------------------------------
+
+# Argument strings biased towards what the strict rules refuse: duplicate keys, NaN and Infinity,
+# deep nesting, escapes of lone surrogates, non-objects, and the tag protocol's own markup.
+ARGUMENT_PIECES = [
+    '{"url": "https://example.com/"}',
+    '{"a": 1, "a": 2}',
+    '{"x": NaN}',
+    '{"x": -Infinity}',
+    '"\\ud800"',
+    '{"s": "\\udc00"}',
+    "[" * 30,
+    "]" * 30,
+    '{"k":' * 25,
+    "}" * 25,
+    "null",
+    "[]",
+    "1e400",
+    '{"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}',
+    OPEN,
+    CLOSE,
+    ",",
+    ":",
+    '"',
+]
+ARGUMENT_TEXT = (
+    st.lists(st.sampled_from(ARGUMENT_PIECES) | st.text(max_size=10), max_size=10).map("".join)
+    | JSON.map(json.dumps)
+    | st.text(max_size=80)
+)
+TOOL_CALL_SHAPES: st.SearchStrategy[Any] = st.one_of(
+    st.fixed_dictionaries(
+        {"id": st.none() | st.text(max_size=8), "type": st.just("function")},
+        optional={
+            "function": st.none()
+            | st.fixed_dictionaries(
+                {"name": st.none() | NAMES | INTS},
+                optional={"arguments": ARGUMENT_TEXT | JSON},
+            )
+        },
+    ),
+    JSON,
+)
+
+
+def check_arguments(raw: Any) -> None:
+    """`tool_arguments` accepts an object it can round-trip, or says why not; nothing else."""
+    arguments, error = tool_arguments(raw)
+    if arguments is None:
+        assert isinstance(error, str) and error
+        return
+    assert error is None and isinstance(arguments, dict)
+    assert json.loads(json.dumps(arguments, allow_nan=False)) == arguments
+    if isinstance(raw, str) and raw:
+        assert len(raw.encode("utf-8", "surrogatepass")) <= 16 * 1024
+
+
+@given(ARGUMENT_TEXT | JSON)
+@FUZZ
+def test_native_argument_strings_are_accepted_as_objects_or_refused_with_a_reason(raw: Any) -> None:
+    with case("native: argument strings"):
+        check_arguments(raw)
+
+
+def openai_reply(tool_calls: Any) -> dict[str, Any]:
+    message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return {"model": "m", "choices": [{"message": message, "finish_reason": "tool_calls"}]}
+
+
+@given(st.lists(TOOL_CALL_SHAPES, max_size=4) | JSON)
+@FUZZ
+def test_any_openai_tool_calls_parse_into_calls_or_a_malformed_response(tool_calls: Any) -> None:
+    """The adapter reads any `tool_calls` into calls whose arguments are an object or refused, or
+    raises only what the provider client reports as a `malformed_response` (never a crash)."""
+    with case("native: openai tool_calls"):
+        entry = ProviderConfig("p", "openai", "m", "http://127.0.0.1:9/v1")
+        try:
+            parsed = OpenAIAdapter().parse(openai_reply(tool_calls), {}, entry)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return  # conclave/providers/client.py turns exactly these into MalformedResponse
+        for use in parsed.tool_uses:
+            assert isinstance(use.id, str) and use.id and isinstance(use.name, str)
+            assert (use.arguments is None) == (use.error is not None)
+
+
+@given(st.lists(ARGUMENT_TEXT, min_size=1, max_size=3))
+@settings(FUZZ, max_examples=max(EXAMPLES // 10, 20))  # each example is a whole worker turn
+def test_a_worker_refuses_unreadable_native_arguments_and_finishes_its_turn(
+    served: Served, argument_strings: list[str]
+) -> None:
+    """Argument strings as the OpenAI adapter reads them, through a real worker turn: every call
+    gets exactly one result; a call whose arguments could not be read is a parse_error refusal
+    and never runs; the turn finishes with the model's answer."""
+    with case("native: worker turns"):
+        entry = ProviderConfig("p", "openai", "m", "http://127.0.0.1:9/v1")
+        calls = [
+            {"id": f"call-{i}", "type": "function", "function": {"name": "verify", "arguments": raw}}
+            for i, raw in enumerate(argument_strings)
+        ]
+        uses = OpenAIAdapter().parse(openai_reply(calls), {}, entry).tool_uses
+        provider = ScriptedProvider("p", [ScriptedReply("", "tool_calls", uses), "Done."])
+        out = served.call(_native_turn, served.runtime, provider)
+        assert out.error is None and out.text == "Done." and out.tool_mode == "native"
+        returned = provider.requests[1].messages[-1].tool_returns
+        assert [r.call_id for r in returned] == [u.id for u in uses]
+        budget = served.runtime.config.worker_tools.hop_budget
+        for hop, (use, record_) in enumerate(zip(uses, out.inner_tool_calls, strict=True), 1):
+            if hop > budget:  # past the budget nothing is even read
+                assert (record_.status, record_.reason) == ("refused", "hop_budget_exhausted")
+            elif use.arguments is None:
+                assert (record_.status, record_.reason) == ("refused", "parse_error")
+            else:
+                assert record_.reason != "parse_error"
+
+
+async def _native_turn(runtime: Runtime, provider: ScriptedProvider) -> WorkerOutcome:
+    turn = WorkerTurn(
+        provider=provider,
+        messages=(Message("user", "Check it."),),
+        deadline=anyio.current_time() + 20,
+        session_id="fuzz-native",
+        tools=("verify",),
+        canary="CANARY-00112233445566ff",
+        tool_mode="native",
+    )
+    return await runtime.worker.run(turn)
 
 
 # ---------------------------------------------------------------------------------------------
