@@ -117,6 +117,19 @@ class TranscriptsConfig:
     fsync: bool = False  # rename alone is atomic against crashes; fsync adds power-loss durability
 
 
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    # A call with a progressToken hears from the server at least this often, so that clients
+    # whose idle timer is reset by progress keep waiting through a long deliberation.
+    progress_heartbeat_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class TasksConfig:
+    ttl_seconds: int = 3600  # a finished task's result is kept this long after its creation
+    poll_interval_ms: int = 2000  # what clients are asked to wait between polls
+
+
 class Secrets:
     """API key values by environment variable name. Never printed, never serialized."""
 
@@ -148,6 +161,8 @@ class Config:
     transcripts: TranscriptsConfig
     source: str
     secrets: Secrets = field(repr=False, compare=False)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
 
     def api_key(self, provider: str) -> str | None:
         return self.secrets.get(self.providers[provider].api_key_env)
@@ -386,6 +401,8 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         transcripts=TranscriptsConfig(**raw.get("transcripts", {})),
         source=source,
         secrets=Secrets({name: keys[name] for name in wanted if name in keys}),
+        server=ServerConfig(**raw.get("server", {})),
+        tasks=TasksConfig(**raw.get("tasks", {})),
     )
 
 

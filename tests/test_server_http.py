@@ -96,7 +96,9 @@ async def test_an_unsupported_protocol_version_header_is_a_400_that_names_the_re
         )
     assert reply.status_code == 400
     assert reply.json()["id"] == "v-1"
-    assert reply.json()["error"]["code"] == -32600
+    error = reply.json()["error"]
+    assert error["code"] == -32022, "UnsupportedProtocolVersion, in both eras"
+    assert error["data"]["requested"] == "1999-01-01" and "2026-07-28" in error["data"]["supported"]
 
 
 async def test_a_refused_origin_names_the_request_it_refuses(base_url: str) -> None:

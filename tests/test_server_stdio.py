@@ -210,9 +210,58 @@ def test_a_client_that_stops_reading_replies_ends_the_server_quietly(tmp_path: P
     assert "stopped reading replies" in stderr
 
 
-async def test_server_discover_is_answered_at_once_so_clients_fall_back(server: StdioServer) -> None:
-    reply = await server.request("server/discover", {}, id="d")
-    assert (reply["id"], reply["error"]["code"]) == ("d", -32601)
+STATELESS_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+}
+
+
+async def test_server_discover_names_both_eras_and_the_server(server: StdioServer) -> None:
+    reply = await server.request("server/discover", {"_meta": STATELESS_META}, id="d")
+    result = reply["result"]
+    assert result["resultType"] == "complete"
+    assert result["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in result["supportedVersions"]
+    assert result["capabilities"]["tools"] == {"listChanged": False}
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "conclave"
+    assert result["ttlMs"] > 0 and result["cacheScope"] == "public" and result["instructions"]
+
+
+async def test_a_stateless_request_without_its_meta_fields_is_invalid_params(server: StdioServer) -> None:
+    missing = await server.request("server/discover", {}, id="m")
+    assert (missing["id"], missing["error"]["code"]) == ("m", -32602)
+    no_caps = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    partial = await server.request("tools/list", {"_meta": no_caps}, id="p")
+    assert (partial["id"], partial["error"]["code"]) == ("p", -32602)
+    assert "clientCapabilities" in partial["error"]["message"]
+    future = {**STATELESS_META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}
+    unknown = await server.request("tools/list", {"_meta": future}, id="u")
+    assert unknown["error"]["code"] == -32022
+    assert unknown["error"]["data"] == {
+        "supported": ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"],
+        "requested": "2099-01-01",
+    }
+
+
+async def test_stateless_requests_list_and_call_tools_without_a_handshake(server: StdioServer) -> None:
+    listed = (await server.request("tools/list", {"_meta": STATELESS_META}, id=1))["result"]
+    assert {t["name"] for t in listed["tools"]} >= {"confer", "verify"}
+    assert (listed["resultType"], listed["cacheScope"]) == ("complete", "public") and listed["ttlMs"] > 0
+    check = {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}
+    params = {"name": "verify", "arguments": check, "_meta": STATELESS_META}
+    called = (await server.request("tools/call", params, id=2))["result"]
+    assert called["resultType"] == "complete" and called["isError"] is False
+    assert called["structuredContent"]["passed"] is True
+
+
+async def test_handshake_methods_do_not_exist_in_the_stateless_era_but_still_work_without_it(
+    server: StdioServer,
+) -> None:
+    for method in ("initialize", "ping", "logging/setLevel"):
+        reply = await server.request(method, {"_meta": STATELESS_META}, id=method)
+        assert (reply["id"], reply["error"]["code"]) == (method, -32601)
+    assert (await initialize(server))["result"]["protocolVersion"] == "2025-11-25"
+    assert (await server.request("ping", id="after"))["result"] == {}
 
 
 async def test_initialize_negotiates_the_protocol_version(server: StdioServer) -> None:

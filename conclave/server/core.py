@@ -1,5 +1,6 @@
-"""The server: MCP (revision 2025-11-25 and the older ones clients still send) and plain
-JSON-RPC methods over one tool surface. Transports hand it one decoded message at a time.
+"""The server: MCP in both eras (the stateless revision 2026-07-28, and the handshake revisions
+2025-11-25 and older that clients still send; see `eras`) and plain JSON-RPC methods over one
+tool surface. Transports hand it one decoded message at a time.
 
 A server answers from the moment it exists: `initialize`, `ping` and `tools/list` need only the
 tool catalog and `schemas/`. Tool calls wait until a runtime is attached (`attach`), which a
@@ -17,6 +18,7 @@ import orjson
 from conclave import __version__
 from conclave.catalog import TOOL_NAMES, TOOLS, Invocation, ToolSpec, tool_spec
 from conclave.errors import ConfigError, InvalidArguments, ToolError
+from conclave.server import eras
 from conclave.server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -36,9 +38,11 @@ from conclave.telemetry import Telemetry
 if TYPE_CHECKING:
     from conclave.deliberation.session import ProgressSink
     from conclave.runtime import Runtime
+    from conclave.server.tasks import TaskRecord, TaskStore
 
-SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+SUPPORTED_VERSIONS = eras.HANDSHAKE_VERSIONS  # what `initialize` negotiates
 PLAIN_METHODS = frozenset(TOOL_NAMES)  # every tool is also a plain JSON-RPC method (SPEC §6)
+TASK_TOOLS = frozenset({"confer", "coordinate"})  # the calls long enough to run as tasks
 INSTRUCTIONS = (
     "Conclave asks several LLMs at once. Use `confer` to get every panel member's answer to one question, "
     "`coordinate` for a proposer/critics/synthesizer debate, `fetch` and `verify` for evidence and checks, "
@@ -66,6 +70,7 @@ class Server:
         self._in_flight: dict[tuple[object, RequestId], anyio.CancelScope] = {}
         self._runtime: Runtime | None = None
         self._attached: anyio.Event | None = None
+        self.tasks: TaskStore | None = None  # set by a serving process (see `lifecycle`)
         if runtime is not None:
             self.attach(runtime)
 
@@ -152,6 +157,60 @@ class Server:
         # notifications/initialized and anything else: nothing to answer, ever
 
     async def _dispatch(self, request: Request, send: Send) -> Any:
+        if request.method == "server/discover" or eras.is_stateless(request.params):
+            return await self._stateless(request, eras.stateless_context(request.params), send)
+        return await self._handshake(request, send)
+
+    async def _stateless(self, request: Request, context: eras.Stateless, send: Send) -> dict[str, Any]:
+        """Revision 2026-07-28: no initialize, ping or sessions; every result says its type."""
+        params = _object_params(request)
+        method = request.method
+        if method == "server/discover":
+            return eras.discover(INSTRUCTIONS, tasks=self.tasks is not None)
+        if method == "tools/list":
+            return eras.complete(self._list_tools(params), cacheable=True)
+        if method == "tools/call":
+            if self.tasks is not None and self._as_task(params, context):
+                return self._start_task(self.tasks, params)
+            return eras.complete(await self._call_tool(params, self._progress_sink(params, send)))
+        if method in eras.TASK_METHODS:
+            return eras.complete(self._task_method(method, params, context))
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method} (revision {context.version})")
+
+    @staticmethod
+    def _as_task(params: Mapping[str, Any], context: eras.Stateless) -> bool:
+        """A deliberation runs as a task for a client that said it can take one (SPEC §8)."""
+        return params.get("name") in TASK_TOOLS and context.declares_extension(eras.TASKS_EXTENSION)
+
+    def _start_task(self, store: TaskStore, params: dict[str, Any]) -> dict[str, Any]:
+        """A `CreateTaskResult` at once; the call runs on in the store's task group."""
+
+        async def work(task: TaskRecord) -> dict[str, Any]:
+            return eras.complete(await self._call_tool(params, _task_progress(task)))
+
+        task = store.create(work)
+        return eras.complete({**task.to_wire(), "resultType": "task"})
+
+    def _task_method(self, method: str, params: dict[str, Any], context: eras.Stateless) -> dict[str, Any]:
+        if not context.declares_extension(eras.TASKS_EXTENSION):
+            raise eras.missing_extension(eras.TASKS_EXTENSION, method)
+        if self.tasks is None:  # this process keeps no tasks, so it knows none
+            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: no task {params.get('taskId')!r}")
+        if method == "tasks/cancel":
+            self.tasks.cancel(params)
+            return {}
+        task = self.tasks.get(params)
+        return task.to_wire() if method == "tasks/get" else {}  # tasks/update: nothing is ever asked
+
+    def task_error(self, exc: BaseException) -> dict[str, Any]:
+        """The JSON-RPC error body of a task whose call failed, as the call itself would have."""
+        body: dict[str, Any] = error_response(
+            None, to_rpc_error(exc, method="tools/call", telemetry=self.telemetry)
+        )["error"]
+        return body
+
+    async def _handshake(self, request: Request, send: Send) -> Any:
+        """The handshake era (2025-11-25 and older), and the plain JSON-RPC tool methods."""
         method = request.method
         if method == "initialize":
             return self._initialize(_object_params(request))
@@ -160,7 +219,8 @@ class Server:
         if method == "tools/list":
             return self._list_tools(_object_params(request))
         if method == "tools/call":
-            return await self._call_tool(_object_params(request), send)
+            params = _object_params(request)
+            return await self._call_tool(params, self._progress_sink(params, send))
         if method in PLAIN_METHODS:
             return await self.run_tool(tool_spec(method), _object_params(request))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -183,7 +243,7 @@ class Server:
             result["nextCursor"] = _encode_cursor(start + self.page_size)
         return result
 
-    async def _call_tool(self, params: Mapping[str, Any], send: Send) -> dict[str, Any]:
+    async def _call_tool(self, params: Mapping[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
         name = params.get("name")
         if not isinstance(name, str) or name not in TOOL_NAMES:
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}; tools: {', '.join(TOOL_NAMES)}")
@@ -192,7 +252,7 @@ class Server:
             raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
         tool = tool_spec(name)
         try:
-            result = await self.run_tool(tool, arguments, self._progress_sink(params, send))
+            result = await self.run_tool(tool, arguments, progress)
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:
@@ -224,6 +284,19 @@ class Server:
             await send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
 
         return progress
+
+
+def _task_progress(task: TaskRecord) -> ProgressSink:
+    """Keeps a task's statusMessage saying who has answered so far."""
+    answered: list[str] = []
+
+    async def progress(step: Mapping[str, Any]) -> None:
+        who = f"{step.get('role')} {step.get('provider')}" if step.get("role") else str(step.get("provider"))
+        answered.append(f"{who} ({step.get('status')})")
+        total = f" of {step['total']}" if step.get("total") else ""
+        task.update(message=f"{len(answered)}{total} answered: {', '.join(answered)}")
+
+    return progress
 
 
 def _tool_error(text: str) -> dict[str, Any]:

@@ -1,9 +1,15 @@
 """HTTP transport: MCP Streamable HTTP on `/mcp` (POST; a JSON reply, or an SSE stream when the
 caller asked for progress and accepts it; 202 for notifications) and plain JSON-RPC on
-`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`."""
+`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`.
+
+A stateless request (revision 2026-07-28, see `eras`) must also mirror its version, method and
+tool name in the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and its errors
+about the protocol itself come with their own status: 400, or 404 for a method not served."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +20,11 @@ import orjson
 from aiohttp import web
 
 from conclave.config import Config
-from conclave.server.core import SUPPORTED_VERSIONS, Server
+from conclave.server import eras
+from conclave.server.core import Server
 from conclave.server.jsonrpc import (
     INVALID_REQUEST,
+    METHOD_NOT_FOUND,
     PARSE_ERROR,
     RequestId,
     RpcError,
@@ -51,12 +59,12 @@ def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Applicati
     allowed = LOOPBACK_HOSTS | {bound_host.lower()}
 
     async def mcp(request: web.Request) -> web.StreamResponse:
-        refusal = _check_origin(request, allowed) or _check_protocol_version(request)
-        return await _exchange(server, request, refusal, notifications_status=202)
+        refusal = _check_origin(request, allowed)
+        return await _exchange(server, request, refusal, notifications_status=202, mcp=True)
 
     async def rpc(request: web.Request) -> web.StreamResponse:
         refusal = _check_origin(request, allowed)
-        return await _exchange(server, request, refusal, notifications_status=204)
+        return await _exchange(server, request, refusal, notifications_status=204, mcp=False)
 
     async def not_allowed(_request: web.Request) -> web.Response:
         return web.Response(status=405, headers={"allow": "POST"})
@@ -84,15 +92,74 @@ def _check_origin(request: web.Request, allowed: frozenset[str]) -> _Refusal | N
     return _Refusal(403, RpcError(INVALID_REQUEST, f"Origin {origin} is not allowed"))
 
 
-def _check_protocol_version(request: web.Request) -> _Refusal | None:
+def _stateless(request: web.Request, message: Any) -> bool:
+    """A request of the stateless era: its header or its own `_meta` says so."""
+    if not isinstance(message, dict) or "id" not in message:
+        return False  # a batch or a notification: neither exists in that era
+    header = request.headers.get("mcp-protocol-version")
+    return header in eras.STATELESS_VERSIONS or eras.is_stateless(message.get("params"))
+
+
+def _check_headers(request: web.Request, message: Any) -> _Refusal | None:
+    """Before any work: the headers must mirror the body, and the request must be one this
+    server serves, so that a refusal still gets its own status."""
+    headers = request.headers
+    params = message.get("params")
+    asked = (eras.meta_of(params) or {}).get(eras.PROTOCOL_VERSION)
+    sent = headers.get("mcp-protocol-version")
+    if isinstance(asked, str) and sent is not None and sent != asked:  # before judging either
+        return _mismatch(f"the MCP-Protocol-Version header {sent!r} does not match the body's {asked!r}")
+    try:
+        context = eras.stateless_context(params)
+    except RpcError as error:
+        return _Refusal(400, error)
+    for header, expected, required in _mirrored(message.get("method"), params, context.version):
+        sent = headers.get(header)
+        if sent is None:
+            if not required:
+                continue
+            return _mismatch(f"the {header} header is missing")
+        if _header_value(sent) != expected:
+            return _mismatch(f"the {header} header {sent!r} does not match the body's {expected!r}")
+    if message.get("method") not in eras.STATELESS_METHODS:
+        return _Refusal(404, RpcError(METHOD_NOT_FOUND, f"Method not found: {message.get('method')}"))
+    return None
+
+
+def _mirrored(method: Any, params: Any, version: str) -> list[tuple[str, Any, bool]]:
+    """(header, the body's value it must carry, whether it must be there)."""
+    pairs = [("MCP-Protocol-Version", version, True), ("Mcp-Method", method, True)]
+    if isinstance(params, dict) and method == "tools/call":
+        pairs.append(("Mcp-Name", params.get("name"), True))
+    if isinstance(params, dict) and method in eras.TASK_METHODS:
+        # The tasks extension routes a task's requests by its id; checked when sent.
+        pairs.append(("Mcp-Name", params.get("taskId"), False))
+    return pairs
+
+
+def _header_value(value: str) -> str:
+    """A header value, decoded when it is in the `=?base64?...?=` form (non-ASCII names)."""
+    if value.startswith("=?base64?") and value.endswith("?="):
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return value
+    return value
+
+
+def _mismatch(why: str) -> _Refusal:
+    return _Refusal(400, RpcError(eras.HEADER_MISMATCH, f"Header mismatch: {why}"))
+
+
+def _check_handshake_version(request: web.Request) -> _Refusal | None:
     version = request.headers.get("mcp-protocol-version")
-    if version is None or version in SUPPORTED_VERSIONS:
+    if version is None or version in eras.HANDSHAKE_VERSIONS:
         return None
-    return _Refusal(400, RpcError(INVALID_REQUEST, f"Unsupported MCP-Protocol-Version {version}"))
+    return _Refusal(400, eras.unsupported_version(version))
 
 
 async def _exchange(
-    server: Server, request: web.Request, refusal: _Refusal | None, *, notifications_status: int
+    server: Server, request: web.Request, refusal: _Refusal | None, *, notifications_status: int, mcp: bool
 ) -> web.StreamResponse:
     if refusal is not None:
         return _json(error_response(await _id_if_readable(request), refusal.error), status=refusal.status)
@@ -102,6 +169,11 @@ async def _exchange(
         return _json(error_response(None, parse_error), status=400)
     except web.HTTPRequestEntityTooLarge:
         return _json(error_response(None, RpcError(PARSE_ERROR, "Parse error: body too large")), status=413)
+    stateless = mcp and _stateless(request, message)
+    if mcp:
+        refusal = _check_headers(request, message) if stateless else _check_handshake_version(request)
+        if refusal is not None:
+            return _json(error_response(request_id_of(message), refusal.error), status=refusal.status)
     if _wants_stream(request, message):
         return await _stream(server, request, message)
     try:
@@ -110,7 +182,14 @@ async def _exchange(
         return _json(error_response(request_id_of(message), _internal(server, exc)), status=500)
     if reply is None:
         return web.Response(status=notifications_status)
-    return _json(reply)
+    return _json(reply, status=_status_of(reply) if stateless else 200)
+
+
+def _status_of(reply: Any) -> int:
+    """A stateless request's protocol errors carry their own HTTP status."""
+    error = reply.get("error") if isinstance(reply, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return eras.HTTP_STATUS.get(code, 200) if isinstance(code, int) else 200
 
 
 async def _id_if_readable(request: web.Request) -> RequestId:

@@ -20,6 +20,7 @@ from conclave.catalog import handler_modules
 from conclave.config import Config
 from conclave.gcpolicy import serving_gc
 from conclave.server.core import Server
+from conclave.server.tasks import TaskStore
 from conclave.telemetry import Telemetry
 
 # The heavy half of the server. Imported on a worker thread: the import lock keeps it safe, and
@@ -35,7 +36,11 @@ async def serving(config: Config) -> AsyncIterator[Server]:
     server = Server(telemetry=telemetry)
     failure: list[Exception] = []
     try:
-        async with anyio.create_task_group() as group:
+        async with (
+            anyio.create_task_group() as group,
+            TaskStore.running(config.tasks, server.task_error) as tasks,
+        ):
+            server.tasks = tasks
             done = anyio.Event()
             group.start_soon(_hold_runtime, config, server, done, failure, group.cancel_scope)
             try:
