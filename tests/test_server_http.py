@@ -11,11 +11,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from conclave.config import load_config
+from conclave.config import TasksConfig, load_config
 from conclave.runtime import open_runtime
 from conclave.schemas import validator
 from conclave.server.core import Server
 from conclave.server.http import build_app
+from conclave.server.tasks import TaskStore
 from conclave.sim import SimPanel
 from tests.server_support import panel_config
 
@@ -149,3 +150,198 @@ async def test_plain_json_rpc_on_rpc_with_batches_and_notifications(base_url: st
     assert only_note.status_code == 204
     assert garbage.status_code == 400 and garbage.json()["error"]["code"] == -32700
     assert confer.json()["result"]["answers"][0]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- the stateless era (2026-07-28)
+
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def stateless(method: str, params: dict[str, Any] | None = None, id: Any = 1) -> dict[str, Any]:
+    return rpc(method, {**(params or {}), "_meta": {**META, **(params or {}).get("_meta", {})}}, id)
+
+
+def headers(method: str, name: str | None = None, version: str = "2026-07-28") -> dict[str, str]:
+    sent = {**ACCEPT, "mcp-protocol-version": version, "mcp-method": method}
+    return sent | ({"mcp-name": name} if name is not None else {})
+
+
+async def test_a_stateless_client_discovers_lists_and_calls_without_a_session(base_url: str) -> None:
+    verify = {
+        "name": "verify",
+        "arguments": {"checks": [{"type": "contains", "text": "abc", "substring": "b"}]},
+    }
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        found = await client.post(
+            "/mcp", json=stateless("server/discover"), headers=headers("server/discover")
+        )
+        listed = await client.post("/mcp", json=stateless("tools/list", id=2), headers=headers("tools/list"))
+        called = await client.post(
+            "/mcp", json=stateless("tools/call", verify, id=3), headers=headers("tools/call", "verify")
+        )
+    discover = found.json()["result"]
+    assert found.status_code == 200 and "mcp-session-id" not in found.headers
+    assert discover["resultType"] == "complete" and discover["supportedVersions"][0] == "2026-07-28"
+    assert "extensions" not in discover["capabilities"], "this server keeps no tasks, so offers none"
+    tools = listed.json()["result"]
+    assert (tools["resultType"], tools["cacheScope"]) == ("complete", "public") and tools["ttlMs"] > 0
+    result = called.json()["result"]
+    assert result["resultType"] == "complete" and result["structuredContent"]["passed"] is True
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "conclave"
+
+
+@pytest.mark.parametrize(
+    ("sent", "why"),
+    [
+        (headers("tools/call", "verify", version="2025-11-25"), "MCP-Protocol-Version"),
+        (headers("tools/list", "verify"), "Mcp-Method"),
+        (headers("tools/call", "fetch"), "Mcp-Name"),
+        ({**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call"}, "Mcp-Name"),
+        ({**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-name": "verify"}, "Mcp-Method"),
+    ],
+)
+async def test_headers_that_do_not_mirror_the_body_are_a_header_mismatch(
+    base_url: str, sent: dict[str, str], why: str
+) -> None:
+    call = stateless("tools/call", {"name": "verify", "arguments": {"checks": []}}, id="h")
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        reply = await client.post("/mcp", json=call, headers=sent)
+    assert reply.status_code == 400
+    body = reply.json()
+    assert (body["id"], body["error"]["code"]) == ("h", -32020) and why in body["error"]["message"]
+
+
+async def test_a_base64_encoded_name_header_is_decoded_before_it_is_compared(base_url: str) -> None:
+    call = stateless("tools/call", {"name": "verify", "arguments": {"checks": []}}, id="b")
+    encoded = "=?base64?dmVyaWZ5?="  # "verify"
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        reply = await client.post("/mcp", json=call, headers=headers("tools/call", encoded))
+    assert reply.status_code == 200 and reply.json()["result"]["resultType"] == "complete"
+
+
+async def test_stateless_protocol_errors_have_their_own_status_and_keep_the_request_id(base_url: str) -> None:
+    no_meta = rpc("tools/list", {}, id="m")
+    future = {**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        missing = await client.post("/mcp", json=no_meta, headers=headers("tools/list"))
+        unknown = await client.post(
+            "/mcp",
+            json=rpc("tools/list", {"_meta": future}, id="v"),
+            headers=headers("tools/list", version="2099-01-01"),
+        )
+        removed = await client.post("/mcp", json=stateless("ping", id="p"), headers=headers("ping"))
+        absent = await client.post(
+            "/mcp", json=stateless("prompts/list", id="x"), headers=headers("prompts/list")
+        )
+        no_task = await client.post(
+            "/mcp",
+            json=stateless("tasks/get", {"taskId": "t-1"}, id="t"),
+            headers=headers("tasks/get", "t-1"),
+        )
+    assert (missing.status_code, missing.json()["id"], missing.json()["error"]["code"]) == (400, "m", -32602)
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, -32022)
+    assert unknown.json()["error"]["data"]["requested"] == "2099-01-01"
+    for reply, request_id in ((removed, "p"), (absent, "x")):
+        assert (reply.status_code, reply.json()["id"], reply.json()["error"]["code"]) == (
+            404,
+            request_id,
+            -32601,
+        )
+    assert (no_task.status_code, no_task.json()["error"]["code"]) == (400, -32021), "tasks not declared"
+    assert no_task.json()["error"]["data"] == {
+        "requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+    }
+
+
+async def test_delete_on_mcp_is_405_too(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        assert (await client.delete("/mcp")).status_code == 405
+
+
+async def test_a_stateless_call_with_a_progress_token_streams_progress(base_url: str) -> None:
+    params = {"name": "confer", "arguments": {"question": "Which?"}, "_meta": {"progressToken": "p"}}
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        reply = await client.post(
+            "/mcp", json=stateless("tools/call", params, id="s"), headers=headers("tools/call", "confer")
+        )
+    events = [orjson.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert [e.get("method") for e in events[:-1]] == ["notifications/progress"] * 3
+    assert events[-1]["result"]["resultType"] == "complete"
+
+
+TASKS_META = {
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+}
+
+
+@pytest.fixture
+async def tasks_url(tmp_path: Path) -> AsyncIterator[str]:
+    """A server that keeps tasks, as a serving process does."""
+    async with SimPanel() as panel:
+        config = load_config(str(panel_config(panel, tmp_path)), env={}, dotenv=None)
+        async with open_runtime(config) as runtime:
+            server = Server(runtime)
+            async with TaskStore.running(
+                TasksConfig(ttl_seconds=60, poll_interval_ms=100), server.task_error
+            ) as store:
+                server.tasks = store
+                runner = web.AppRunner(build_app(server), access_log=None)
+                await runner.setup()
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                try:
+                    yield f"http://127.0.0.1:{port}"
+                finally:
+                    await runner.cleanup()
+
+
+async def test_a_confer_becomes_a_task_only_for_a_client_that_declares_tasks(tasks_url: str) -> None:
+    call = {"name": "confer", "arguments": {"question": "Which?"}}
+    async with httpx.AsyncClient(base_url=tasks_url) as client:
+        found = (
+            await client.post("/mcp", json=stateless("server/discover"), headers=headers("server/discover"))
+        ).json()
+        plain = await client.post(
+            "/mcp", json=stateless("tools/call", call), headers=headers("tools/call", "confer")
+        )
+        asked = stateless("tools/call", {**call, "_meta": TASKS_META}, id=2)
+        created = (await client.post("/mcp", json=asked, headers=headers("tools/call", "confer"))).json()[
+            "result"
+        ]
+        task_id = created["taskId"]
+        polls = []
+        while not polls or polls[-1]["status"] == "working":
+            get = stateless("tasks/get", {"taskId": task_id, "_meta": TASKS_META}, id=3)
+            polls.append(
+                (await client.post("/mcp", json=get, headers=headers("tasks/get", task_id))).json()["result"]
+            )
+        update = stateless(
+            "tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": TASKS_META}, id=4
+        )
+        acked = (await client.post("/mcp", json=update, headers=headers("tasks/update", task_id))).json()
+        unknown = stateless("tasks/cancel", {"taskId": "no-such-task", "_meta": TASKS_META}, id=5)
+        refused = (
+            await client.post("/mcp", json=unknown, headers=headers("tasks/cancel", "no-such-task"))
+        ).json()
+        wrong_name = await client.post("/mcp", json=update, headers=headers("tasks/update", "another-task"))
+    assert found["result"]["capabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    assert plain.json()["result"]["resultType"] == "complete", "no extension declared: an ordinary result"
+    assert created["resultType"] == "task" and created["status"] == "working"
+    assert (
+        created["ttlMs"] == 60_000 and created["pollIntervalMs"] == 100 and created["createdAt"].endswith("Z")
+    )
+    final = polls[-1]
+    assert (final["resultType"], final["status"], final["taskId"]) == ("complete", "completed", task_id)
+    assert first_error_free(final["result"]["structuredContent"])
+    assert final["statusMessage"] == "completed"
+    assert acked["result"] == {"resultType": "complete", "_meta": acked["result"]["_meta"]}
+    assert refused["error"]["code"] == -32602
+    assert (wrong_name.status_code, wrong_name.json()["error"]["code"]) == (400, -32020)
+
+
+def first_error_free(structured: Any) -> bool:
+    return list(validator("confer.output.json").iter_errors(structured)) == []
