@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -313,12 +314,13 @@ async def test_a_confer_becomes_a_task_only_for_a_client_that_declares_tasks(tas
             "result"
         ]
         task_id = created["taskId"]
-        polls = []
-        while not polls or polls[-1]["status"] == "working":
-            get = stateless("tasks/get", {"taskId": task_id, "_meta": TASKS_META}, id=3)
-            polls.append(
-                (await client.post("/mcp", json=get, headers=headers("tasks/get", task_id))).json()["result"]
-            )
+        polls: list[dict[str, Any]] = []
+        get = stateless("tasks/get", {"taskId": task_id, "_meta": TASKS_META}, id=3)
+        with anyio.fail_after(20):
+            while not polls or polls[-1]["status"] == "working":
+                polled = await client.post("/mcp", json=get, headers=headers("tasks/get", task_id))
+                polls.append(polled.json()["result"])
+                await anyio.sleep(0.02)
         update = stateless(
             "tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": TASKS_META}, id=4
         )
