@@ -67,7 +67,7 @@ class RetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    timeout_seconds: float = 120.0
+    timeout_seconds: float = 50.0  # below the 60 s many MCP clients give a tool call (SPEC §8)
     max_tokens: int = 1024
     temperature: float | None = None
     max_concurrency: int = 64

@@ -405,8 +405,10 @@ class LiveProgress:
         self._start_stage()
 
     async def sink(self, event: Mapping[str, Any]) -> None:
-        """The ProgressSink handed to confer/coordinate: one call per finished provider or role."""
-        self.record(event)
+        """The ProgressSink handed to confer/coordinate: one call per finished provider or role
+        (and heartbeats naming who is awaited, which the live rows already show)."""
+        if "waiting" not in event:
+            self.record(event)
 
     def record(self, event: Mapping[str, Any]) -> None:
         now = self.clock()

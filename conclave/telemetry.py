@@ -9,10 +9,11 @@ and secrets are redacted from each batch of lines as it is written. Event shapes
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,6 +163,9 @@ class Telemetry:
             stamped = {"ts": self._stamp(), **event}
         else:
             stamped = {"ts": self._stamp(), "session_id": session_id, **event}
+        trace_id = _TRACE_ID.get()
+        if trace_id is not None:
+            stamped["trace_id"] = trace_id
         return orjson.dumps(stamped, option=orjson.OPT_APPEND_NEWLINE, default=str)
 
 
@@ -170,6 +174,33 @@ class Telemetry:
 # several times per provider call.
 _SESSION_ID: ContextVar[str | None] = ContextVar("conclave_session_id", default=None)
 _ALREADY_BOUND = nullcontext()
+# The caller's W3C trace (SPEC §8): its events carry the trace id, so they can be found from it.
+_TRACE_ID: ContextVar[str | None] = ContextVar("conclave_trace_id", default=None)
+_TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def trace_id_of(traceparent: object) -> str | None:
+    """The trace id of a W3C `traceparent` (version-traceid-parentid-flags), or None when it is
+    not one: a malformed header is ignored, as the recommendation asks, never an error."""
+    if not isinstance(traceparent, str):
+        return None
+    found = _TRACEPARENT.match(traceparent.strip())
+    if found is None or found.group(1) == "0" * 32 or traceparent.startswith("ff"):
+        return None
+    return found.group(1)
+
+
+@contextmanager
+def traced(trace_id: str | None) -> Iterator[None]:
+    """Stamp `trace_id` on every event emitted in this context (and tasks started in it)."""
+    if trace_id is None:
+        yield
+        return
+    token = _TRACE_ID.set(trace_id)
+    try:
+        yield
+    finally:
+        _TRACE_ID.reset(token)
 
 
 def session(session_id: str) -> AbstractContextManager[object]:

@@ -18,8 +18,9 @@ from conclave.schemas import validator
 from conclave.server.core import Server
 from conclave.server.http import build_app
 from conclave.server.tasks import TaskStore
-from conclave.sim import SimPanel
+from conclave.sim import Reply, Scenario, SimPanel
 from tests.server_support import panel_config
+from tests.support import read_events
 
 pytestmark = pytest.mark.anyio
 ACCEPT = {"accept": "application/json, text/event-stream"}
@@ -347,3 +348,67 @@ async def test_a_confer_becomes_a_task_only_for_a_client_that_declares_tasks(tas
 
 def first_error_free(structured: Any) -> bool:
     return list(validator("confer.output.json").iter_errors(structured)) == []
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@pytest.mark.parametrize("where", ["meta", "header"])
+async def test_the_callers_trace_id_is_on_every_event_of_the_session(
+    base_url: str, tmp_path: Path, where: str
+) -> None:
+    traceparent = f"00-{TRACE}-00f067aa0ba902b7-01"
+    params: dict[str, Any] = {"name": "confer", "arguments": {"question": "Which?", "session_id": "traced"}}
+    sent = headers("tools/call", "confer")
+    if where == "meta":
+        params["_meta"] = {"traceparent": traceparent, "tracestate": "congo=t61rcWkgMzE"}
+    else:
+        sent["traceparent"] = traceparent
+    untraced = {"name": "confer", "arguments": {"question": "Which?", "session_id": "untraced"}}
+    bad = {**untraced, "_meta": {"traceparent": f"00-{TRACE}-zz-01"}}  # malformed: ignored
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        await client.post("/mcp", json=stateless("tools/call", params), headers=sent)
+        await client.post(
+            "/mcp", json=stateless("tools/call", bad, id=2), headers=headers("tools/call", "confer")
+        )
+    await anyio.sleep(0.1)
+    events = read_events(tmp_path / "events.ndjson")
+    traced = [e for e in events if e.get("session_id") == "traced"]
+    assert {e["event"] for e in traced} >= {"session_start", "provider_call", "session_end"}
+    assert {e.get("trace_id") for e in traced} == {TRACE}
+    assert all("trace_id" not in e for e in events if e.get("session_id") == "untraced")
+    for event in events:
+        assert first_event_error(event) is None
+
+
+def first_event_error(event: dict[str, Any]) -> Any:
+    errors = list(validator(f"events/{event['event']}.json").iter_errors(event))
+    return errors[0].message if errors else None
+
+
+async def test_a_long_call_sends_heartbeats_naming_who_is_still_awaited(tmp_path: Path) -> None:
+    async with SimPanel() as panel:
+        panel.set_scenario("m-gamma", Scenario(replies=(Reply(),), latency_ms=700))
+        path = panel_config(panel, tmp_path, server={"progress_heartbeat_seconds": 0.1})
+        config = load_config(str(path), env={}, dotenv=None)
+        async with open_runtime(config) as runtime:
+            runner = web.AppRunner(build_app(Server(runtime)), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            params = {"name": "confer", "arguments": {"question": "Which?"}, "_meta": {"progressToken": "hb"}}
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=ACCEPT) as client:
+                    reply = await client.post("/mcp", json=rpc("tools/call", params, id="h"))
+            finally:
+                await runner.cleanup()
+    events = [orjson.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+    notes = [e["params"] for e in events[:-1]]
+    beats = [n for n in notes if n["message"].startswith("still waiting for")]
+    assert len(beats) >= 3, notes
+    assert beats[-1]["message"] == "still waiting for gamma", "alpha and beta answered at once"
+    values = [n["progress"] for n in notes]
+    assert values == sorted(values) and len(set(values)) == len(values), "progress only grows"
+    assert [n["progress"] for n in notes if "total" in n] == [1, 2, 3]
+    assert events[-1]["result"]["structuredContent"]["degraded"] is False

@@ -11,6 +11,7 @@ and closes the session in the event log when the call is cancelled.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,8 @@ from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
 
+# Progress steps: one per finished answer ({"provider", "status", ...}), and while a call runs,
+# a heartbeat every server.progress_heartbeat_seconds ({"waiting": ["critic beta", ...]}).
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
 NATIVE_KINDS = frozenset({"openai", "anthropic", "gemini"})  # the kinds whose adapters speak native tools
@@ -86,6 +89,8 @@ class Session:
         self.dry_run = bool(args.get("dry_run"))
         self.started = time.perf_counter()
         self.deadline = anyio.current_time() + self.timeout
+        self.awaiting: dict[int, str] = {}  # the turns in flight, by ticket: "critic beta", "alpha"
+        self._tickets = itertools.count()
 
     @property
     def tools_on(self) -> bool:
@@ -120,7 +125,12 @@ class Session:
             role=role,
             tool_mode=self._tool_mode(name) if tools else "tags",
         )
-        outcome = await self.runtime.worker.run(turn)
+        ticket = next(self._tickets)
+        self.awaiting[ticket] = f"{role} {name}" if role else name
+        try:
+            outcome = await self.runtime.worker.run(turn)
+        finally:
+            del self.awaiting[ticket]
         return answer_from(outcome, name, self.runtime)
 
     def _tool_mode(self, name: str) -> ToolMode:
@@ -206,7 +216,7 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
         timeout_seconds=session.timeout,
         **deliberation.opening(),
     )
-    result = deliberation.plan() if session.dry_run else await deliberation.deliberate()
+    result = deliberation.plan() if session.dry_run else await _deliberate(session, deliberation)
     path = None
     transcripts = session.runtime.transcripts
     if transcripts is not None and not session.dry_run:
@@ -231,6 +241,27 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
         transcript=path,
     )
     return result
+
+
+async def _deliberate(session: Session, deliberation: Deliberation[Result]) -> Result:
+    """The deliberation, with a heartbeat while it runs when someone follows its progress."""
+    if session.progress is None:
+        return await deliberation.deliberate()
+    async with anyio.create_task_group() as group:
+        group.start_soon(_heartbeat, session, session.progress)
+        result = await deliberation.deliberate()
+        group.cancel_scope.cancel()
+    return result
+
+
+async def _heartbeat(session: Session, progress: ProgressSink) -> None:
+    """Every `server.progress_heartbeat_seconds`, a step naming who is still awaited: clients
+    whose idle timer is reset by progress keep waiting through a long deliberation (SPEC §8)."""
+    interval = session.runtime.config.server.progress_heartbeat_seconds
+    while True:
+        await anyio.sleep(interval)
+        if session.awaiting:
+            await progress({"waiting": sorted(set(session.awaiting.values()))})
 
 
 def _end(session: Session, status: str, usage: Usage, **fields: Any) -> None:

@@ -33,7 +33,7 @@ from conclave.server.jsonrpc import (
     to_rpc_error,
 )
 from conclave.server.surface import describe
-from conclave.telemetry import Telemetry
+from conclave.telemetry import Telemetry, trace_id_of, traced
 
 if TYPE_CHECKING:
     from conclave.deliberation.session import ProgressSink
@@ -251,8 +251,11 @@ class Server:
         if not isinstance(arguments, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
         tool = tool_spec(name)
+        meta = params.get("_meta")
+        trace = trace_id_of(meta.get("traceparent")) if isinstance(meta, dict) else None
         try:
-            result = await self.run_tool(tool, arguments, progress)
+            with traced(trace):
+                result = await self.run_tool(tool, arguments, progress)
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:
@@ -268,19 +271,22 @@ class Server:
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         if not isinstance(token, str | int) or isinstance(token, bool):
             return None
-        count = 0
+        answered = beats = 0
 
         async def progress(step: Mapping[str, Any]) -> None:
-            nonlocal count
-            count += 1
-            who = step.get("role") or "answer"
-            note: dict[str, Any] = {
-                "progressToken": token,
-                "progress": count,
-                "message": f"{who} {step.get('provider')}: {step.get('status')}",
-            }
-            if step.get("total"):
-                note["total"] = step["total"]
+            nonlocal answered, beats
+            note: dict[str, Any] = {"progressToken": token}
+            if "waiting" in step:  # a heartbeat: progress must still grow, so by a thousandth
+                beats += 1
+                note["progress"] = answered + min(beats, 999) / 1000
+                note["message"] = f"still waiting for {', '.join(step['waiting'])}"
+            else:
+                answered, beats = answered + 1, 0
+                who = step.get("role") or "answer"
+                note["progress"] = answered
+                note["message"] = f"{who} {step.get('provider')}: {step.get('status')}"
+                if step.get("total"):
+                    note["total"] = step["total"]
             await send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
 
         return progress
@@ -291,6 +297,10 @@ def _task_progress(task: TaskRecord) -> ProgressSink:
     answered: list[str] = []
 
     async def progress(step: Mapping[str, Any]) -> None:
+        if "waiting" in step:
+            said = f"{len(answered)} answered: {', '.join(answered)}; " if answered else ""
+            task.update(message=f"{said}waiting for {', '.join(step['waiting'])}")
+            return
         who = f"{step.get('role')} {step.get('provider')}" if step.get("role") else str(step.get("provider"))
         answered.append(f"{who} ({step.get('status')})")
         total = f" of {step['total']}" if step.get("total") else ""
