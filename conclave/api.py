@@ -81,9 +81,12 @@ class Conclave:
         worker_tool_cost_cap_usd: float | None = None,
         worker_tool_cost_cap_mode: CostCapMode | None = None,
         worker_tool_mode: WorkerToolMode | None = None,
+        review: bool | None = None,
+        synthesize: bool | None = None,
         progress: ProgressSink | None = None,
     ) -> ConferResult:
-        """Ask every panel member (or `providers`) `question` at once."""
+        """Ask every panel member (or `providers`) `question` at once; with `review`, each ranks
+        the others' answers blind; with `synthesize`, a chair writes the final answer."""
         args = _arguments("confer", locals())
         return await _confer(self._open(), args, progress=progress)
 
@@ -105,9 +108,11 @@ class Conclave:
         worker_tool_cost_cap_usd: float | None = None,
         worker_tool_cost_cap_mode: CostCapMode | None = None,
         worker_tool_mode: WorkerToolMode | None = None,
+        stop_when_converged: bool | None = None,
         progress: ProgressSink | None = None,
     ) -> CoordinateResult:
-        """Run a proposer -> critics -> synthesizer debate on `task`."""
+        """Run a proposer -> critics -> synthesizer debate on `task`, stopping early (unless
+        `stop_when_converged` is False) once every critic accepts."""
         args = _arguments("coordinate", locals())
         return await _coordinate(self._open(), args, progress=progress)
 

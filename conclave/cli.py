@@ -143,6 +143,10 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     confer.add_argument("question")
     confer.add_argument("--providers", metavar="A,B", help="providers to ask (default: the panel)")
     confer.add_argument("--system", metavar="TEXT", help="system prompt for every panel member")
+    confer.add_argument(
+        "--review", action="store_true", help="then each member ranks the others' answers, blind"
+    )
+    confer.add_argument("--synthesize", action="store_true", help="then a chair writes the final answer")
     _add_call_options(confer)
     confer.set_defaults(handler=cmd_confer)
 
@@ -156,6 +160,11 @@ def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     coordinate.add_argument("--critics", metavar="A,B", help="default: roles.critics")
     coordinate.add_argument("--synthesizer", metavar="NAME", help="default: roles.synthesizer")
     coordinate.add_argument("--rounds", type=int, metavar="N", help="1-3 (default 1)")
+    coordinate.add_argument(
+        "--all-rounds",
+        action="store_true",
+        help="run every round even after all critics accept (default: stop once they do)",
+    )
     _add_call_options(coordinate)
     coordinate.set_defaults(handler=cmd_coordinate)
 
@@ -426,6 +435,9 @@ def cmd_confer(args: argparse.Namespace) -> int:
         tool_args["providers"] = _names(args.providers)
     if args.system is not None:
         tool_args["system"] = args.system
+    for stage in ("review", "synthesize"):
+        if getattr(args, stage):
+            tool_args[stage] = True
     return _deliberation(args, "confer", {**tool_args, **_call_args(args)})
 
 
@@ -436,6 +448,8 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
             tool_args[key] = getattr(args, key)
     if args.critics is not None:
         tool_args["critics"] = _names(args.critics)
+    if args.all_rounds:
+        tool_args["stop_when_converged"] = False
     return _deliberation(args, "coordinate", {**tool_args, **_call_args(args)})
 
 

@@ -24,6 +24,7 @@ import anyio
 from aiohttp import web
 
 from conclave.config import Config
+from conclave.deliberation import review
 from conclave.render import Deliberation, progress_for, render, wants_colour
 from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
@@ -33,6 +34,28 @@ from conclave.tail import Filters, backlog, format_event
 
 FETCHER, CHECKER, TAGGER = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
 TOOL_MODES = {FETCHER: "native", CHECKER: "native", TAGGER: "tags"}  # TAGGER is set to tags below
+# Best first: who settles most of the question (height and arithmetic, height, arithmetic only).
+CONFER_PREFERENCE = (TAGGER, FETCHER, CHECKER)
+REVIEW_NOTES = {
+    TAGGER: "Answers both parts: the height from the page, and the product.",
+    FETCHER: "The height, from the page it fetched; says nothing of 17 x 23.",
+    CHECKER: "Checks 17 x 23 exactly, but leaves the height unanswered.",
+}
+CHAIR = Rule(
+    "Write the final answer to the question",
+    Reply(
+        text=json.dumps(
+            {
+                "answer": "The Exampleville lighthouse is 47 metres tall (its own page says so), and "
+                "17 x 23 = 391 is right (checked with verify).",
+                "resolved": ["Height: 47 m, from the page two members fetched; 391 checked exactly."],
+                "dissent": [],
+                "confidence": 0.9,
+                "rationale": "Combines the best-ranked answer with the exact arithmetic check.",
+            }
+        )
+    ),
+)
 CHECKER_THINKING = "The user wants 17 x 23 checked; the verify tool settles arithmetic exactly."
 TAIL_EVENTS = 14
 LIGHTHOUSE_PAGE = """<!doctype html>
@@ -46,6 +69,8 @@ LIGHTHOUSE_PAGE = """<!doctype html>
 TOOL_RESULT = "<tool_result"
 FETCH_RESULT, VERIFY_RESULT = '<tool_result name="fetch"', '<tool_result name="verify"'
 PROPOSER_ASK = "Write your proposal for this task"
+REVIEW_ASK = "Rank every one of these labels"  # confer's review (reviewer.user.txt)
+CHAIR_ASK = "Write the final answer to the question"  # confer's synthesis (chair.user.txt)
 CRITIC_ASK = "Review this proposal on your own"
 SYNTHESIZER_ASK = "Write the final answer to the task"
 
@@ -145,10 +170,25 @@ def tagger_script(page_url: str) -> Scenario:
     )
 
 
-def script_panel(panel: SimPanel, page_url: str) -> None:
-    panel.set_scenario(_model(FETCHER), fetcher_script(page_url))
-    panel.set_scenario(_model(CHECKER), checker_script())
-    panel.set_scenario(_model(TAGGER), tagger_script(page_url))
+def script_panel(panel: SimPanel, page_url: str, confer_session: str) -> None:
+    for member, scenario in (
+        (FETCHER, fetcher_script(page_url)),
+        (CHECKER, checker_script()),
+        (TAGGER, tagger_script(page_url)),
+    ):
+        review = Rule(REVIEW_ASK, _reply(reviewer_envelope(confer_session, member)))
+        rules = (review, *scenario.rules) if member != CHECKER else (review, CHAIR, *scenario.rules)
+        panel.set_scenario(_model(member), dataclasses.replace(scenario, rules=rules))
+
+
+def reviewer_envelope(session_id: str, reviewer: str) -> dict[str, Any]:
+    """`reviewer`'s blind ranking in the confer: the answers by how much of the question they
+    settle, in the labels this session shows it (a real model reads them; the script knows)."""
+    shown = [m for m in SIMULATED_MEMBERS if m != reviewer]  # in the order confer asked them
+    label_of = {member: label for label, member in review.shuffled(session_id, reviewer, shown)}
+    best_first = [m for m in CONFER_PREFERENCE if m != reviewer]
+    notes = {label_of[m]: REVIEW_NOTES[m] for m in best_first}
+    return {"ranking": [label_of[m] for m in best_first], "notes": notes, "confidence": 0.7}
 
 
 # ---------------------------------------------------------------- the run
@@ -206,7 +246,7 @@ async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) 
     tag = uuid.uuid4().hex[:6]  # short: `tail` shows session ids of up to 20 characters whole
     async with SimPanel(latency_ms=latency_ms) as panel, page_server() as page_port:
         page_url = f"http://127.0.0.1:{page_port}/lighthouse"
-        script_panel(panel, page_url)
+        script_panel(panel, page_url, f"demo-confer-{tag}")
         config = demo_config(base, panel, page_port)
         async with open_runtime(config) as runtime:
             confer_args = _confer_args(page_url, f"demo-confer-{tag}")
@@ -217,7 +257,13 @@ async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) 
 
 def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
     question = f"How tall is the Exampleville lighthouse? Its page is {page_url}. And is 17 × 23 = 391?"
-    return {"question": question, "worker_tools": ["fetch", "verify"], "session_id": session_id}
+    return {
+        "question": question,
+        "worker_tools": ["fetch", "verify"],
+        "session_id": session_id,
+        "review": True,
+        "synthesize": True,
+    }
 
 
 def _coordinate_args(session_id: str) -> dict[str, Any]:
@@ -246,6 +292,11 @@ def problems(run: DemoRun) -> list[str]:
     found += _tool_problem(critics.get(TAGGER), "verify")
     if not (run.coordinate.get("synthesis") or {}).get("envelope"):
         found.append("coordinate has no synthesis")
+    peer_review = run.confer.get("review") or {}
+    if peer_review.get("top") != CONFER_PREFERENCE[0] or len(peer_review.get("rankings") or []) != 3:
+        found.append(f"confer's review is not what the reviewers said: {peer_review}")
+    if not (run.confer.get("synthesis") or {}).get("envelope"):
+        found.append("confer has no synthesis")
     return found
 
 
@@ -261,7 +312,9 @@ def _tool_problem(answer: Mapping[str, Any] | None, tool: str) -> list[str]:
 def report(run: DemoRun, out: TextIO, colour: bool) -> int:
     """Print the whole story; 0 when everything worked, 1 otherwise."""
     confer_id, coordinate_id = run.sessions
-    _section(out, "1/2  confer: three members in parallel, with the worker tools fetch and verify")
+    _section(
+        out, "1/2  confer: three members in parallel with fetch and verify; blind review; a chair's synthesis"
+    )
     print(ENCODINGS_NOTE, file=out)
     print(render("confer", run.confer, colour=colour), file=out)
     _section(out, "2/2  coordinate: proposer -> critics (with tools) -> synthesizer")

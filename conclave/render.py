@@ -117,6 +117,10 @@ def render_confer(result: Mapping[str, Any], *, colour: bool = False) -> str:
         return "\n".join(lines + _plan(result.get("plan") or {}, style))
     for answer in answers:
         lines += ["", *_answer_block(answer, style)]
+    if result.get("review"):
+        lines += ["", *_review_block(result["review"], style)]
+    if result.get("synthesis"):
+        lines += ["", *_synthesis_block(result["synthesis"], style)]
     ok = sum(a.get("status") == "ok" for a in answers)
     lines += ["", f"totals: {len(answers)} answers, {ok} ok · {_totals(result)}"]
     lines += _tail_notes(result, style)
@@ -234,6 +238,33 @@ def _plan(plan: Mapping[str, Any], style: Style) -> list[str]:
     return lines
 
 
+def _review_block(review: Mapping[str, Any], style: Style) -> list[str]:
+    """Who ranked whom (rows: reviewers; columns: the answers ranked; cells: the place given),
+    then the aggregate."""
+    rankings = review.get("rankings") or []
+    aggregate = review.get("aggregate") or []
+    agreement = review.get("agreement")
+    said = "n/a" if agreement is None else f"{agreement:.2f}"
+    count = f"{len(rankings)} reviewer{'s' * (len(rankings) != 1)}"
+    lines = [style.bold(f"═══ Review · {count} · agreement (Kendall's W) {said}")]
+    if not rankings:
+        return [*lines, style.warn("  no rankings: fewer than two answers to compare, or no valid review")]
+    ranked = [a["provider"] for a in aggregate]
+    width = max(len(name) for name in [*ranked, "reviewer"]) + 2
+    lines.append("  " + "reviewer".ljust(width) + "".join(name.ljust(width) for name in ranked))
+    for entry in rankings:
+        order = list(entry.get("ranking") or [])
+        cells = [str(order.index(name) + 1) if name in order else "-" for name in ranked]
+        lines.append("  " + str(entry.get("reviewer")).ljust(width) + "".join(c.ljust(width) for c in cells))
+    lines.append("  aggregate (best first, normalized Borda · mean rank · reviews):")
+    for place, entry in enumerate(aggregate, 1):
+        mean = entry.get("mean_rank")
+        mean_text = "-" if mean is None else f"{mean:.2f}"
+        line = f"    {place}. {entry['provider']}  {entry['borda']:.2f} · {mean_text} · {entry['reviews']}"
+        lines.append(style.good(line) if entry["provider"] == review.get("top") else line)
+    return lines
+
+
 # ---------------------------------------------------------------- coordinate
 
 
@@ -243,6 +274,8 @@ def render_coordinate(result: Mapping[str, Any], *, colour: bool = False) -> str
     rounds = result.get("rounds") or []
     count = (result.get("plan") or {}).get("rounds", 1) if result.get("dry_run") else len(rounds)
     title = f"coordinate · session {result.get('session_id')} · {count} round{'s' * (count != 1)}"
+    if result.get("converged"):
+        title += " · converged: every critic accepted"
     lines = [style.bold(title), *_verdict(result, style)]
     if result.get("dry_run"):
         return "\n".join(lines + _plan(result.get("plan") or {}, style))
@@ -413,14 +446,18 @@ class LiveProgress:
     def record(self, event: Mapping[str, Any]) -> None:
         now = self.clock()
         row = self._running_row(str(event.get("provider")), event.get("role"))
-        if row is None:  # a synthesizer fallback, or a role cut short: shown as it comes
-            row = _Row(_event_label(event), str(event.get("provider")), event.get("role"), started=self._mark)
+        if row is None:  # a confer's review and chair, a synthesizer fallback: shown as they come
+            label = _event_label(event, planned=self._planned(event.get("role")))
+            row = _Row(label, str(event.get("provider")), event.get("role"), started=self._mark)
             self._current().append(row)
         row.state, row.elapsed = str(event.get("status")), now - (row.started or self._mark)
         self._mark = now
         if all(r.finished for r in self._current()) and self._stage + 1 < len(self.stages):
             self._stage += 1
             self._start_stage()
+
+    def _planned(self, role: Any) -> bool:
+        return any(row.role == role for stage in self.stages for row in stage)
 
     def lines(self) -> list[str]:
         now = self.clock()
@@ -468,12 +505,16 @@ class LiveProgress:
         return None
 
 
-def _event_label(event: Mapping[str, Any]) -> str:
-    role = event.get("role")
+def _event_label(event: Mapping[str, Any], *, planned: bool) -> str:
+    """A row nobody planned: a role of a stage shown as it comes (a confer's reviewers and
+    chair), or a stand-in for a planned one (a synthesizer fallback)."""
+    role, provider = event.get("role"), event.get("provider")
     if role == "synthesizer":
-        return f"synthesizer {event.get('provider')} (fallback)"
+        return f"synthesizer {provider} (fallback)" if planned else f"synthesizer {provider}"
+    if role == "reviewer":
+        return f"reviewer {provider}"
     prefix = f"round {event.get('round')} {role} " if role else ""
-    return f"{prefix}{event.get('provider')}"
+    return f"{prefix}{provider}"
 
 
 def _progress_line(row: _Row, width: int, now: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from conclave.cli import is_loopback, parse_bind
+from conclave.deliberation import review
 from conclave.render import LiveProgress, render_confer
 from conclave.schemas import first_error
 
@@ -399,3 +401,68 @@ def test_bind_addresses_parse_like_a_user_writes_them(value: str, bind: tuple[st
 def test_only_loopback_hosts_count_as_local() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
+
+
+def test_confer_review_and_synthesize_show_the_ranking_table_and_the_synthesis(
+    workdir: Path, panel: Panel
+) -> None:
+    members = ["alpha", "beta", "gamma"]
+    best_first = ["gamma", "alpha", "beta"]
+    for name in members:
+        shown = [m for m in members if m != name]
+        label_of = {p: label for label, p in review.shuffled("cli-council", name, shown)}
+        ranking = [label_of[p] for p in best_first if p != name]
+        envelope = {"ranking": ranking, "notes": {}, "confidence": 0.6}
+        rules = [
+            {"contains": "Rank every one of these labels", "reply": {"text": json.dumps(envelope)}},
+            {"contains": "Write the final answer to the question", "reply": {"text": json.dumps(SYNTHESIS)}},
+        ]
+        panel.script(f"m-{name}", {"replies": [{"text": f"{name} answers."}], "rules": rules})
+    result = conclave("confer", "q", "--review", "--synthesize", "--session", "cli-council", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "═══ Review · 3 reviewers" in out
+    assert re.search(r"reviewer\s+gamma\s+alpha\s+beta", out), out
+    assert re.search(r"1\. gamma\s+1\.00", out)
+    assert "═══ Synthesis" in out and SYNTHESIS["answer"] in out
+    parsed = json.loads(
+        conclave("confer", "q", "--review", "--session", "cli-council", "--json", cwd=workdir).stdout
+    )
+    assert parsed["review"]["top"] == "gamma"
+
+
+def test_coordinate_all_rounds_runs_every_round_after_the_critics_accept(workdir: Path, panel: Panel) -> None:
+    panel.script("m-alpha", {"replies": [{"text": json.dumps(PROPOSAL)}]})
+    accept = {"text": json.dumps({"verdict": "accept", "issues": []})}
+    panel.script(
+        "m-beta",
+        {
+            "rules": [
+                {"contains": "Write the final answer to the task", "reply": {"text": json.dumps(SYNTHESIS)}},
+                {"contains": "Review this proposal", "reply": accept},
+            ]
+        },
+    )
+    panel.script("m-gamma", {"replies": [accept]})
+    stopped = json.loads(conclave("coordinate", "t", "--rounds", "2", "--json", cwd=workdir).stdout)
+    full = json.loads(
+        conclave("coordinate", "t", "--rounds", "2", "--all-rounds", "--json", cwd=workdir).stdout
+    )
+    assert (stopped["rounds_run"], stopped["converged"]) == (1, True)
+    assert (full["rounds_run"], full["converged"]) == (2, True)
+
+
+def test_live_progress_shows_a_confers_reviewers_and_chair_as_they_come() -> None:
+    progress = LiveProgress.for_confer(["alpha", "beta"], io.StringIO())
+    progress.start()
+    for event in (
+        {"provider": "alpha", "status": "ok", "done": 1, "total": 2},
+        {"provider": "beta", "status": "ok", "done": 2, "total": 2},
+        {"waiting": ["reviewer beta"]},
+        {"role": "reviewer", "provider": "beta", "status": "ok", "round": 1, "done": 1},
+        {"role": "synthesizer", "provider": "alpha", "status": "ok", "round": 1, "done": 2},
+    ):
+        if "waiting" not in event:
+            progress.record(event)
+    labels = [line.split()[1:3] for line in progress.lines()]
+    assert labels == [["alpha", "ok"], ["beta", "ok"], ["reviewer", "beta"], ["synthesizer", "alpha"]]

@@ -63,6 +63,8 @@ def test_the_demo_shows_both_calls_with_their_tool_use(
     assert "tools used: hop 1 verify ok" in out
     assert "sim-openai · sim-gpt · ok" in out and "2 hops · tools: native" in out
     assert "sim-gemini · sim-gemini · ok" in out and "2 hops · tools: tags" in out
+    assert "═══ Review · 3 reviewers" in out and "1. sim-gemini  1.00" in out, "the blind review, by name"
+    assert "The Exampleville lighthouse is 47 metres tall (its own page says so)" in out, "the chair"
     assert "═══ Synthesis" in out and "Use LRU eviction capped at 10,000 entries" in out
     assert "DEGRADED" not in out
 

@@ -53,11 +53,17 @@ GOOD: dict[Role, dict[str, Any]] = {
         "dissent": ["The critic still doubts the burst size of 20."],
         "rationale": "The critique exposed the NAT problem; the rest of the proposal stands.",
     },
+    "reviewer": {
+        "ranking": ["Response B", "Response A"],
+        "notes": {"Response A": "Misses the NAT case.", "Response B": "Right, and says why."},
+        "confidence": 0.6,
+    },
 }
 REQUIRED: dict[Role, tuple[str, ...]] = {
     "proposer": ("proposal", "rationale"),
     "critic": ("verdict", "issues"),
     "synthesizer": ("answer", "confidence"),
+    "reviewer": ("ranking", "notes", "confidence"),
 }
 TASK = "Design a rate limiter for the public API."
 CONTEXT = "The API serves about 2000 clients."
@@ -106,10 +112,10 @@ def test_each_role_schema_rejects_a_missing_required_field(role: Role, index: in
 
 @pytest.mark.parametrize("role", ROLES)
 def test_each_role_schema_rejects_an_extra_field(role: Role) -> None:
-    error = schema_error(role, {**GOOD[role], "notes": "x"})
+    error = schema_error(role, {**GOOD[role], "remarks": "x"})
     assert error is not None
     assert error.startswith("$: Additional properties are not allowed")
-    assert "'notes'" in error
+    assert "'remarks'" in error
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -232,3 +232,15 @@ def test_a_rejected_instance_still_gets_jsonschemas_message_and_path() -> None:
     assert error is not None
     assert "non-unique" in error.message
     assert list(error.absolute_path) == ["providers"]
+
+
+def test_confers_synthesis_block_is_coordinates_and_the_review_roles_are_known_everywhere() -> None:
+    """A tool's outputSchema must stand alone (MCP clients get it whole), so confer's synthesis
+    block is a copy of coordinate's: the copy may not drift."""
+    ours = dict(load_schema("confer.output.json")["properties"]["synthesis"])
+    theirs = load_schema("coordinate.output.json")["properties"]["synthesis"]["anyOf"][0]
+    assert ours.pop("type") == ["object", "null"] and ours.pop("description")
+    assert ours == {k: v for k, v in theirs.items() if k != "type"}
+    for name in ("confer.output.json", "coordinate.output.json"):
+        reasons = load_schema(name)["properties"]["degraded_reasons"]["items"]["properties"]["role"]["enum"]
+        assert "reviewer" in reasons

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,20 +27,26 @@ pytestmark = pytest.mark.anyio
 ACCEPT = {"accept": "application/json, text/event-stream"}
 
 
+@contextlib.asynccontextmanager
+async def serving(server: Server) -> AsyncIterator[str]:
+    """`server` behind the HTTP transport on a free loopback port; yields its base URL."""
+    runner = web.AppRunner(build_app(server), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def base_url(tmp_path: Path) -> AsyncIterator[str]:
     async with SimPanel() as panel:
         config = load_config(str(panel_config(panel, tmp_path)), env={}, dotenv=None)
-        async with open_runtime(config) as runtime:
-            runner = web.AppRunner(build_app(Server(runtime)), access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            try:
-                yield f"http://127.0.0.1:{port}"
-            finally:
-                await runner.cleanup()
+        async with open_runtime(config) as runtime, serving(Server(runtime)) as url:
+            yield url
 
 
 def rpc(method: str, params: Any = None, id: Any = 1) -> dict[str, Any]:
@@ -290,15 +297,8 @@ async def tasks_url(tmp_path: Path) -> AsyncIterator[str]:
                 TasksConfig(ttl_seconds=60, poll_interval_ms=100), server.task_error
             ) as store:
                 server.tasks = store
-                runner = web.AppRunner(build_app(server), access_log=None)
-                await runner.setup()
-                site = web.TCPSite(runner, "127.0.0.1", 0)
-                await site.start()
-                port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-                try:
-                    yield f"http://127.0.0.1:{port}"
-                finally:
-                    await runner.cleanup()
+                async with serving(server) as url:
+                    yield url
 
 
 async def test_a_confer_becomes_a_task_only_for_a_client_that_declares_tasks(tasks_url: str) -> None:
@@ -391,18 +391,13 @@ async def test_a_long_call_sends_heartbeats_naming_who_is_still_awaited(tmp_path
         panel.set_scenario("m-gamma", Scenario(replies=(Reply(),), latency_ms=700))
         path = panel_config(panel, tmp_path, server={"progress_heartbeat_seconds": 0.1})
         config = load_config(str(path), env={}, dotenv=None)
-        async with open_runtime(config) as runtime:
-            runner = web.AppRunner(build_app(Server(runtime)), access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            params = {"name": "confer", "arguments": {"question": "Which?"}, "_meta": {"progressToken": "hb"}}
-            try:
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=ACCEPT) as client:
-                    reply = await client.post("/mcp", json=rpc("tools/call", params, id="h"))
-            finally:
-                await runner.cleanup()
+        params = {"name": "confer", "arguments": {"question": "Which?"}, "_meta": {"progressToken": "hb"}}
+        async with (
+            open_runtime(config) as runtime,
+            serving(Server(runtime)) as url,
+            httpx.AsyncClient(base_url=url, headers=ACCEPT) as client,
+        ):
+            reply = await client.post("/mcp", json=rpc("tools/call", params, id="h"))
     events = [orjson.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
     notes = [e["params"] for e in events[:-1]]
     beats = [n for n in notes if n["message"].startswith("still waiting for")]

@@ -1,17 +1,33 @@
 """`confer`: every provider asked the same question at once, in one task group bounded by
-the call's deadline. One failure never fails the call; a partial result says so."""
+the call's deadline. One failure never fails the call; a partial result says so.
+
+Two optional stages follow (SPEC §9): with `review`, every member that answered ranks the
+others' answers blind; with `synthesize`, a chair writes the final answer from them. Both are
+role turns (`stages`), so envelopes, re-prompts and fallbacks work as in `coordinate`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
 
+from conclave.deliberation import review
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.plan import summarize
-from conclave.deliberation.results import Answer, ConferResult, DegradedReason, Totals
+from conclave.deliberation.results import (
+    Answer,
+    ConferResult,
+    DegradedReason,
+    Ranking,
+    Review,
+    RoleAnswer,
+    Totals,
+)
+from conclave.deliberation.roles import chair_prompt, reviewer_prompt, role_system
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
+from conclave.deliberation.stages import RoleTurns, synthesizer_chain
 from conclave.errors import InvalidArguments
 from conclave.runtime import Runtime
 
@@ -37,6 +53,10 @@ class _Confer:
         self.providers: tuple[str, ...] = tuple(session.args.get("providers") or session.runtime.config.panel)
         self.messages = user_messages(session.args["question"], session.args.get("context"))
         self.system: str | None = session.args.get("system")
+        self.reviewing = bool(session.args.get("review"))
+        self.synthesizing = bool(session.args.get("synthesize"))
+        self.turns = RoleTurns(session)
+        self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
 
     def opening(self) -> dict[str, Any]:
         return {"providers": list(self.providers), "question": self.session.args["question"]}
@@ -52,7 +72,101 @@ class _Confer:
             done.get(name) or timed_out(name, config.providers[name].model, elapsed)
             for name in self.providers
         ]
-        return self._result(answers)
+        peer_review: Review | None = None
+        synthesis: RoleAnswer | None = None
+        with anyio.CancelScope(deadline=self.session.deadline):  # what is out at the deadline is missing
+            if self.reviewing:
+                await self._review(answers)
+                peer_review = self._review_block(answers)
+            synthesis = await self._synthesize(answers, peer_review) if self.synthesizing else None
+        if self.reviewing:
+            peer_review = self._review_block(answers)  # the rankings that ended in time
+            self._time_out_missing_reviewers(answers)
+        if self.synthesizing and synthesis is None:
+            synthesis = self.turns.timed_out("synthesizer", synthesizer_chain(None, config.roles)[0])
+        return self._result(answers, peer_review, synthesis)
+
+    # -- the review: every member that answered ranks the others, blind ---------------------------------
+
+    def _time_out_missing_reviewers(self, answers: list[Answer]) -> None:
+        """A reviewer still out at the deadline is missing, and the result says so."""
+        ok = [a.provider for a in answers if a.ok]
+        done = {a.provider for a in self.turns.answers if a.role == "reviewer"}
+        if len(ok) >= 2:
+            self.turns.answers += [self.turns.timed_out("reviewer", p) for p in ok if p not in done]
+
+    async def _review(self, answers: list[Answer]) -> None:
+        ok = [a for a in answers if a.ok]
+        if len(ok) >= 2:  # one answer has nobody to be compared with
+            async with anyio.create_task_group() as group:
+                for reviewer in ok:
+                    group.start_soon(self._review_by, reviewer.provider, ok)
+
+    def _review_block(self, answers: list[Answer]) -> Review:
+        ok = [a.provider for a in answers if a.ok]
+        found = tuple(self.rankings[p] for p in ok if p in self.rankings)
+        return Review(found, review.aggregate(found, ok), review.agreement(found))
+
+    async def _review_by(self, reviewer: str, ok: list[Answer]) -> None:
+        args = self.session.args
+        others = [a for a in ok if a.provider != reviewer]
+        seating = review.shuffled(self.session.id, reviewer, [a.provider for a in others])
+        text_of = {a.provider: a.text or "" for a in others}
+        prompt = reviewer_prompt(
+            args["question"], args.get("context"), [(label, text_of[who]) for label, who in seating]
+        )
+        labels = [label for label, _ in seating]
+        turn = await self.turns.ask(
+            "reviewer",
+            reviewer,
+            prompt,
+            1,
+            tools=self.session.tools.accepted,
+            check=lambda envelope: review.ranking_problem(envelope, labels),
+        )
+        ranking = review.read_back(reviewer, turn.envelope, seating) if turn.envelope is not None else None
+        if ranking is not None:
+            self.rankings[reviewer] = ranking
+        self.session.runtime.telemetry.emit(
+            "review",
+            reviewer=reviewer,
+            status=turn.status,
+            code=turn.error_code,
+            labels=dict(seating),
+            ranking=list(ranking.ranking) if ranking else None,
+            attempts=turn.attempts,
+        )
+
+    # -- the chair: the final answer from the anonymized answers (and the aggregate) --------------------
+
+    async def _synthesize(self, answers: list[Answer], peer_review: Review | None) -> RoleAnswer:
+        config, args = self.session.runtime.config, self.session.args
+        chain = synthesizer_chain(None, config.roles)
+        ok = [a for a in answers if a.ok]
+        if not ok:  # nothing to synthesize from
+            error = {"code": "no_answers", "message": "no member answered: nothing to synthesize"}
+            return replace(self.turns.timed_out("synthesizer", chain[0]), status="skipped", error=error)
+        seating = review.shuffled(self.session.id, "chair", [a.provider for a in ok])
+        label_of = {provider: label for label, provider in seating}
+        text_of = {a.provider: a.text or "" for a in ok}
+        ranked = None
+        if peer_review is not None and peer_review.rankings:
+            ranked = [{"label": label_of[s.provider], **s.to_dict()} for s in peer_review.aggregate]
+            for entry in ranked:
+                del entry["provider"]  # the chair sees labels only
+        prompt = chair_prompt(
+            args["question"], args.get("context"), [(label, text_of[who]) for label, who in seating], ranked
+        )
+        synthesis = await self.turns.synthesize(chain, prompt, 1)
+        self.session.runtime.telemetry.emit(
+            "synthesis",
+            provider=synthesis.provider,
+            status=synthesis.status,
+            code=synthesis.error_code,
+            fallback_from=synthesis.fallback_from.provider if synthesis.fallback_from else None,
+            reviewed=ranked is not None,
+        )
+        return synthesis
 
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:
         tools = self.session.tools.accepted
@@ -66,18 +180,38 @@ class _Confer:
             }
             await self.session.progress(step)
 
-    def _result(self, answers: list[Answer], plan: Mapping[str, Any] | None = None) -> ConferResult:
-        totals = Totals.of(answers)
-        missing = [a for a in answers if not a.ok]
+    def _result(
+        self,
+        answers: list[Answer],
+        peer_review: Review | None = None,
+        synthesis: RoleAnswer | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ConferResult:
+        stages = self.turns.answers
+        totals = Totals.of([*answers, *stages])
+        reasons = [DegradedReason.of(a) for a in answers if not a.ok]
+        reasons += [a.reason for a in stages if a.role == "reviewer" and a.envelope is None]
+        if synthesis is not None and synthesis.envelope is None:
+            tried = [a for a in stages if a.role == "synthesizer"] or [synthesis]
+            reasons += [a.reason for a in tried]
         reports = {a.provider: [a.cost_cap] if a.cost_cap else [] for a in answers}
+        for turn in stages:
+            if turn.cost_cap is not None:
+                reports.setdefault(turn.provider, []).append(turn.cost_cap)
+        warnings = merged_warnings([*answers, *stages], price_unknown=totals.usage.cost_usd is None)
+        if synthesis is not None and synthesis.fallback_from is not None and synthesis.ok:
+            warnings += ("synthesizer_fallback",)
         return ConferResult(
             session_id=self.session.id,
-            degraded=bool(missing),
-            degraded_reasons=tuple(DegradedReason.of(a) for a in missing),
+            degraded=bool(reasons),
+            degraded_reasons=tuple(reasons),
             answers=tuple(answers),
+            review=peer_review,
+            synthesis=synthesis,
+            reviewers=tuple(a for a in stages if a.role == "reviewer"),
             usage=totals.usage,
             latency_ms=self.session.elapsed_ms(),
-            warnings=merged_warnings(answers, price_unknown=totals.usage.cost_usd is None),
+            warnings=warnings,
             worker_tools=self.session.tool_use(reports, breakdown="per_provider"),
             plan=plan,
         )
@@ -87,12 +221,33 @@ class _Confer:
         system = session.hinted(self.system, session.tools.accepted)
         prompt = "".join(m.content for m in self.messages) + (system or "")
         shape = session.turn_shape(len(prompt.encode("utf-8")), tools_on=session.tools_on)
-        return self._result(
-            [], plan=summarize([session.planned_call(name, shape) for name in self.providers])
-        )
+        calls = [session.planned_call(name, shape) for name in self.providers]
+        return self._result([], plan=summarize(calls + self._planned_stages(len(prompt.encode("utf-8")))))
+
+    def _planned_stages(self, asked_bytes: int) -> list[dict[str, Any]]:
+        """The review and the synthesis at their largest: every answer quoted in full (escaped),
+        every turn re-prompted once; every synthesizer of the chain tried."""
+        session, calls = self.session, []
+        quoted = asked_bytes + 2 * len(self.providers) * session.max_tokens * 4
+        if self.reviewing:
+            system = session.hinted(role_system("reviewer"), session.tools.accepted) or ""
+            shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=session.tools_on)
+            calls += [session.planned_call(n, shape, repeats=2, role="reviewer") for n in self.providers]
+        if self.synthesizing:
+            system = role_system("synthesizer")
+            shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=False)
+            chain = synthesizer_chain(None, session.runtime.config.roles)
+            calls += [session.planned_call(n, shape, repeats=2, role="synthesizer") for n in chain]
+        return calls
 
     def transcript(self, result: ConferResult) -> dict[str, Any]:
-        return {"hops": {a.provider: list(a.exchanges) for a in result.answers}}
+        stages = [
+            {"role": a.role, "provider": a.provider, "exchanges": list(a.exchanges)}
+            for a in self.turns.answers
+        ]
+        return {"hops": {a.provider: list(a.exchanges) for a in result.answers}, "stages": stages}
 
     def tally(self, result: ConferResult) -> tuple[int, int]:
-        return len(result.answers), sum(a.ok for a in result.answers)
+        stages = self.turns.answers
+        answered = sum(a.ok for a in result.answers) + sum(a.envelope is not None for a in stages)
+        return len(result.answers) + len(stages), answered

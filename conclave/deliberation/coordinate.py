@@ -5,16 +5,14 @@ and re-prompted once. The synthesizer never gets tools and is never a single poi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
-from conclave.deliberation.answers import timed_out
 from conclave.deliberation.plan import summarize
 from conclave.deliberation.results import (
-    Answer,
     CoordinateResult,
     RoleAnswer,
     Round,
@@ -24,19 +22,16 @@ from conclave.deliberation.results import (
 from conclave.deliberation.roles import (
     Role,
     critic_prompt,
-    parse_envelope,
     proposer_prompt,
-    reprompt,
     role_system,
     synthesizer_prompt,
 )
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session
-from conclave.messages import Message
+from conclave.deliberation.stages import RoleTurns, synthesizer_chain
 from conclave.runtime import Runtime
 
 TOOL_ROLES = ("proposer", "critic")
-ROLES = ("proposer", "critic", "synthesizer")
-MAX_ECHO_CHARS = 20_000
+ROLES: tuple[Role, ...] = ("proposer", "critic", "synthesizer")
 
 
 async def coordinate(
@@ -57,12 +52,10 @@ class _Cast:
     @classmethod
     def from_args(cls, args: Mapping[str, Any], runtime: Runtime) -> _Cast:
         roles = runtime.config.roles
-        synthesizer = args.get("synthesizer") or roles.synthesizer
-        fallbacks = [n for n in roles.synthesizer_fallbacks if n != synthesizer]
         return cls(
             args.get("proposer") or roles.proposer,
             tuple(args.get("critics") or roles.critics),
-            (synthesizer, *dict.fromkeys(fallbacks)),
+            synthesizer_chain(args.get("synthesizer"), roles),
         )
 
 
@@ -73,7 +66,12 @@ class _Debate:
         self.context: str | None = session.args.get("context")
         self.cast = _Cast.from_args(session.args, session.runtime)
         self.rounds = int(session.args.get("rounds") or 1)
-        self.all_answers: list[RoleAnswer] = []
+        self.stop_when_converged = session.args.get("stop_when_converged", True) is not False
+        self.turns = RoleTurns(session)
+
+    @property
+    def all_answers(self) -> list[RoleAnswer]:
+        return self.turns.answers
 
     def opening(self) -> dict[str, Any]:
         cast = self.cast
@@ -101,6 +99,8 @@ class _Debate:
                     rounds.append(Round(number, proposal))
                 return
             rounds.append(Round(number, proposal, await self._critique(number, proposal.envelope)))
+            if self.stop_when_converged and _converged(rounds[-1]):
+                return  # every critic accepts: more rounds would only cost
 
     async def _propose(self, number: int, previous: Round | None) -> RoleAnswer:
         if previous is None:
@@ -131,84 +131,11 @@ class _Debate:
             last.proposal.envelope,
             [_critique_view(c) for c in last.critiques],
         )
-        failed: list[RoleAnswer] = []
-        with anyio.CancelScope(deadline=self.session.deadline):
-            for name in self.cast.synthesizers:
-                answer = await self._role("synthesizer", name, prompt, last.number)
-                if answer.envelope is not None:
-                    return _with_fallback(answer, failed)
-                failed.append(answer)
-        if not failed:  # out of time before any synthesizer answered
-            return self._timed_out("synthesizer", self.cast.synthesizers[0])
-        return _with_fallback(failed[-1], failed[:-1])
-
-    # -- one role's turn, envelope validated and re-prompted once ---------------------------------------
+        return await self.turns.synthesize(self.cast.synthesizers, prompt, last.number)
 
     async def _role(self, role: Role, name: str, prompt: str, number: int) -> RoleAnswer:
-        messages = (Message("user", prompt),)
-        first = await self._turn(
-            role, name, messages, self.session.tools.accepted if role in TOOL_ROLES else ()
-        )
-        asked = first.error_code != "unknown_provider"
-        answer = RoleAnswer(**_fields(first), role=role, round=number, attempts=1 if asked else 0)
-        if first.ok:
-            answer = await self._envelope_of(answer, messages)
-        self.all_answers.append(answer)
-        if self.session.progress is not None:
-            await self.session.progress(self._step(answer))
-        return answer
-
-    def _step(self, answer: RoleAnswer) -> dict[str, Any]:
-        """A progress step: one role has answered."""
-        return {
-            "role": answer.role,
-            "provider": answer.provider,
-            "status": answer.status,
-            "round": answer.round,
-            "done": len(self.all_answers),
-        }
-
-    async def _envelope_of(self, first: RoleAnswer, messages: tuple[Message, ...]) -> RoleAnswer:
-        """The envelope in the first reply, or in the reply to one re-prompt with the errors."""
-        role = first.role
-        envelope, error = parse_envelope(role, first.text or "")
-        if envelope is not None:
-            return replace(first, envelope=envelope)
-        self._invalid(first, 1, error or "invalid envelope")
-        echoed = (first.text or "")[:MAX_ECHO_CHARS]  # a huge bad reply is not worth paying for twice
-        retry = (
-            *messages,
-            Message("assistant", echoed),
-            Message("user", reprompt(role, error or "invalid envelope")),
-        )
-        second = _merged(first, await self._turn(role, first.provider, retry, ()))
-        if not second.ok:
-            return second
-        envelope, error = parse_envelope(role, second.text or "")
-        if envelope is not None:
-            return replace(second, envelope=envelope)
-        self._invalid(second, 2, error or "invalid envelope", final=True)
-        message = f"no valid {role} envelope after a re-prompt: {error}"
-        return replace(
-            second, status="invalid_envelope", error={"code": "invalid_envelope", "message": message}
-        )
-
-    async def _turn(
-        self, role: Role, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]
-    ) -> Answer:
-        return await self.session.ask(name, messages, system=role_system(role), tools=tools, role=role)
-
-    def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:
-        self.session.runtime.telemetry.emit(
-            "role_envelope_invalid",
-            provider=answer.provider,
-            role=answer.role,
-            attempt=attempt,
-            round=answer.round,
-            error=error,
-            final=final,
-            text=answer.text,  # kept only when telemetry.include_content is on
-        )
+        tools = self.session.tools.accepted if role in TOOL_ROLES else ()
+        return await self.turns.ask(role, name, prompt, number, tools=tools)
 
     # -- the result ------------------------------------------------------------------------------------
 
@@ -232,6 +159,7 @@ class _Debate:
             latency_ms=self.session.elapsed_ms(),
             warnings=warnings,
             worker_tools=self._tool_use(),
+            converged=bool(rounds) and _converged(rounds[-1]),
         )
 
     def _missing_roles(
@@ -251,7 +179,7 @@ class _Debate:
         return missing
 
     def _timed_out(self, role: Role, name: str) -> RoleAnswer:
-        return RoleAnswer(**_fields(timed_out(name, None, self.session.elapsed_ms())), role=role)
+        return self.turns.timed_out(role, name)
 
     def _no_synthesis(self) -> RoleAnswer:
         """The synthesis of a debate that never reached it: out of time, or nothing to synthesize."""
@@ -262,7 +190,7 @@ class _Debate:
         return answer
 
     def _per_role(self) -> dict[str, Totals]:
-        return {role: Totals.of([a for a in self.all_answers if a.role == role]) for role in ROLES}
+        return {role: self.turns.totals(role) for role in ROLES}
 
     def _tool_use(self) -> ToolUseSummary | None:
         reports = {
@@ -328,33 +256,7 @@ def _critique_view(answer: RoleAnswer) -> dict[str, Any]:
     return {"critic": answer.provider, "envelope": None, "error": error}
 
 
-def _fields(answer: Answer) -> dict[str, Any]:
-    """An Answer's fields, to make the RoleAnswer that carries them."""
-    return {name: getattr(answer, name) for name in Answer.__dataclass_fields__}
-
-
-def _merged(first: RoleAnswer, second: Answer) -> RoleAnswer:
-    """A role's two attempts as one answer: the second's outcome, both attempts' costs."""
-    spent = [a for a in (first, second) if a.hops > 0]
-    return RoleAnswer(
-        **{
-            **_fields(second),
-            "usage": Totals.of(spent).usage,
-            "hops": first.hops + second.hops,
-            "latency_ms": first.latency_ms + second.latency_ms,
-            "inner_tool_calls": first.inner_tool_calls + second.inner_tool_calls,
-            "cost_cap": first.cost_cap,
-            "exchanges": first.exchanges + second.exchanges,
-            "warnings": tuple(dict.fromkeys(first.warnings + second.warnings)),
-            "text": second.text if second.ok else None,
-        },
-        role=first.role,
-        round=first.round,
-        attempts=2,
-    )
-
-
-def _with_fallback(answer: RoleAnswer, failed: Sequence[RoleAnswer]) -> RoleAnswer:
-    if not failed:
-        return answer
-    return replace(answer, fallback_from=failed[0].reason, fallbacks_tried=tuple(f.reason for f in failed))
+def _converged(last: Round) -> bool:
+    """Every critic reviewed the proposal and accepts it as it stands."""
+    critiques = last.critiques
+    return bool(critiques) and all((c.envelope or {}).get("verdict") == "accept" for c in critiques)

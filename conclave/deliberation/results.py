@@ -245,15 +245,83 @@ class _Result:
         return out
 
 
+@record
+class Ranking:
+    """One reviewer's ranking, de-anonymized: providers best first, its note on each."""
+
+    reviewer: str
+    ranking: tuple[str, ...]
+    notes: Mapping[str, str]
+    confidence: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "reviewer": self.reviewer,
+            "ranking": list(self.ranking),
+            "notes": dict(self.notes),
+        }
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
+        return out
+
+
+@record
+class Standing:
+    """One answer in the aggregate: normalized Borda points, mean rank, reviews received."""
+
+    provider: str
+    borda: float
+    mean_rank: float | None
+    reviews: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "borda": self.borda,
+            "mean_rank": self.mean_rank,
+            "reviews": self.reviews,
+        }
+
+
+@record
+class Review:
+    """`confer`'s blind peer review: every ranking, the aggregate best first, the reviewers' agreement."""
+
+    rankings: tuple[Ranking, ...]
+    aggregate: tuple[Standing, ...]
+    agreement: float | None
+
+    @property
+    def top(self) -> str | None:
+        return self.aggregate[0].provider if self.aggregate and self.aggregate[0].reviews else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rankings": [r.to_dict() for r in self.rankings],
+            "aggregate": [a.to_dict() for a in self.aggregate],
+            "top": self.top,
+            "agreement": self.agreement,
+        }
+
+
 @record(kw_only=True)
 class ConferResult(_Result):
-    """`confer`'s result: every panel member's answer, in the order they were asked."""
+    """`confer`'s result: every panel member's answer, in the order they were asked; with the
+    optional stages, their blind review and the chair's synthesis."""
 
     answers: tuple[Answer, ...]
+    review: Review | None = None
+    synthesis: RoleAnswer | None = None
+    reviewers: tuple[RoleAnswer, ...] = ()  # every reviewer's turn (for totals and transcripts)
 
     def to_dict(self) -> dict[str, Any]:
         answers = [answer.to_dict(tools_on=self.tools_on) for answer in self.answers]
-        return {**self._head(), "answers": answers, **self._tail()}
+        out = {**self._head(), "answers": answers}
+        if self.review is not None:
+            out["review"] = self.review.to_dict()
+        if self.synthesis is not None:
+            out["synthesis"] = self.synthesis.to_dict(tools_on=False)
+        return {**out, **self._tail()}
 
 
 @record(kw_only=True)
@@ -265,6 +333,7 @@ class CoordinateResult(_Result):
     critiques: tuple[RoleAnswer, ...]
     synthesis: RoleAnswer | None
     per_role: Mapping[str, Totals]
+    converged: bool = False  # the last round ran had every critic accept
 
     def to_dict(self) -> dict[str, Any]:
         tools_on = self.tools_on
@@ -278,5 +347,6 @@ class CoordinateResult(_Result):
             "synthesis": self.synthesis.to_dict(tools_on=False) if self.synthesis else None,
             "usage": usage,
             "per_role": {role: totals.to_dict() for role, totals in self.per_role.items()},
+            **({} if self.dry_run else {"rounds_run": len(self.rounds), "converged": self.converged}),
             **tail,
         }

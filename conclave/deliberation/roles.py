@@ -1,4 +1,5 @@
-"""The role envelopes of `coordinate` (SPEC §3): proposer, critics, synthesizer.
+"""The role envelopes (SPEC §3, §9): `coordinate`'s proposer, critics and synthesizer, and
+`confer`'s reviewers and chair (a synthesizer given the panel's answers).
 
 Each role answers with ONE JSON object valid against `schemas/roles/<role>.json`. The wording of every
 prompt is data (`conclave/prompts/roles/*.txt`, filled with `string.Template`); this module embeds the
@@ -25,7 +26,7 @@ from conclave.schemas import first_error, json_path, load_schema
 from conclave.strictjson import StrictJSONError, strict_decoder
 from conclave.worker.untrusted import neutralize
 
-Role = Literal["proposer", "critic", "synthesizer"]
+Role = Literal["proposer", "critic", "synthesizer", "reviewer"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 MAX_REPLY_CHARS = 200_000  # a longer reply is refused before any parsing
@@ -160,6 +161,32 @@ def synthesizer_prompt(
         task=_task_block(task, context),
         proposal=_fill("no_proposal") if proposal is None else _fenced_model_output(proposal),
         critiques=_fenced_model_output(_critiques(critiques)),
+    )
+
+
+def reviewer_prompt(question: str, context: str | None, answers: Sequence[tuple[str, str]]) -> str:
+    """The question and the other members' answers, as (label, text) in the order shown."""
+    return _fill(
+        "reviewer.user",
+        task=_task_block(question, context),
+        answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
+        labels=", ".join(label for label, _ in answers),
+    )
+
+
+def chair_prompt(
+    question: str,
+    context: str | None,
+    answers: Sequence[tuple[str, str]],
+    aggregate: Sequence[Mapping[str, Any]] | None,
+) -> str:
+    """The question, the panel's answers as (label, text), and the review's aggregate by label."""
+    ranking = "" if aggregate is None else _fill("chair_ranking", aggregate=_fenced(list(aggregate)))
+    return _fill(
+        "chair.user",
+        task=_task_block(question, context),
+        answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
+        ranking=ranking,
     )
 
 

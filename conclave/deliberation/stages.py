@@ -1,0 +1,175 @@
+"""Asking a role (SPEC §3): one turn whose reply must be a valid envelope, re-prompted once with
+the validator's error, and the synthesizer's chain of fallbacks. Every stage that asks a role
+goes through here: `coordinate`'s proposer, critics and synthesizer, `confer`'s reviewers and
+chair."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import anyio
+
+from conclave.config import RolesConfig
+from conclave.deliberation.answers import timed_out
+from conclave.deliberation.results import Answer, RoleAnswer, Totals
+from conclave.deliberation.roles import Role, parse_envelope, reprompt, role_system
+from conclave.deliberation.session import Session
+from conclave.messages import Message
+
+MAX_ECHO_CHARS = 20_000
+# A check beyond the schema (a reviewer's ranking must hold exactly the labels it was shown):
+# the error to hand back to the role, or None.
+EnvelopeCheck = Callable[[Mapping[str, Any]], str | None]
+
+
+def synthesizer_chain(chosen: str | None, roles: RolesConfig) -> tuple[str, ...]:
+    """Who synthesizes: the one chosen (else `roles.synthesizer`), then the configured fallbacks."""
+    first = chosen or roles.synthesizer
+    return (first, *dict.fromkeys(n for n in roles.synthesizer_fallbacks if n != first))
+
+
+class RoleTurns:
+    """The role turns of one session, in the order they ended (`answers`)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.answers: list[RoleAnswer] = []
+
+    async def ask(
+        self,
+        role: Role,
+        name: str,
+        prompt: str,
+        number: int,
+        *,
+        tools: tuple[str, ...] = (),
+        check: EnvelopeCheck | None = None,
+    ) -> RoleAnswer:
+        """`name`'s turn as `role`: its envelope, or why there is none."""
+        messages = (Message("user", prompt),)
+        first = await self._turn(role, name, messages, tools)
+        asked = first.error_code != "unknown_provider"
+        answer = RoleAnswer(**_fields(first), role=role, round=number, attempts=1 if asked else 0)
+        if first.ok:
+            answer = await self._envelope_of(answer, messages, check)
+        self.answers.append(answer)
+        if self.session.progress is not None:
+            await self.session.progress(self._step(answer))
+        return answer
+
+    async def synthesize(self, names: Sequence[str], prompt: str, number: int) -> RoleAnswer:
+        """The first of `names` to deliver a synthesizer envelope, saying whom it replaced; the
+        last failure when none does. Never tools: the synthesizer reads, it does not fetch."""
+        failed: list[RoleAnswer] = []
+        with anyio.CancelScope(deadline=self.session.deadline):
+            for name in names:
+                answer = await self.ask("synthesizer", name, prompt, number)
+                if answer.envelope is not None:
+                    return _with_fallback(answer, failed)
+                failed.append(answer)
+        if not failed:  # out of time before any synthesizer answered
+            return self.timed_out("synthesizer", names[0])
+        return _with_fallback(failed[-1], failed[:-1])
+
+    def timed_out(self, role: Role, name: str) -> RoleAnswer:
+        return RoleAnswer(**_fields(timed_out(name, None, self.session.elapsed_ms())), role=role)
+
+    def totals(self, role: Role) -> Totals:
+        return Totals.of([a for a in self.answers if a.role == role])
+
+    def _step(self, answer: RoleAnswer) -> dict[str, Any]:
+        """A progress step: one role has answered."""
+        return {
+            "role": answer.role,
+            "provider": answer.provider,
+            "status": answer.status,
+            "round": answer.round,
+            "done": len(self.answers),
+        }
+
+    async def _envelope_of(
+        self, first: RoleAnswer, messages: tuple[Message, ...], check: EnvelopeCheck | None
+    ) -> RoleAnswer:
+        """The envelope in the first reply, or in the reply to one re-prompt with the errors."""
+        role = first.role
+        envelope, error = _parsed(role, first.text or "", check)
+        if envelope is not None:
+            return replace(first, envelope=envelope)
+        self._invalid(first, 1, error or "invalid envelope")
+        echoed = (first.text or "")[:MAX_ECHO_CHARS]  # a huge bad reply is not worth paying for twice
+        retry = (
+            *messages,
+            Message("assistant", echoed),
+            Message("user", reprompt(role, error or "invalid envelope")),
+        )
+        second = _merged(first, await self._turn(role, first.provider, retry, ()))
+        if not second.ok:
+            return second
+        envelope, error = _parsed(role, second.text or "", check)
+        if envelope is not None:
+            return replace(second, envelope=envelope)
+        self._invalid(second, 2, error or "invalid envelope", final=True)
+        message = f"no valid {role} envelope after a re-prompt: {error}"
+        return replace(
+            second, status="invalid_envelope", error={"code": "invalid_envelope", "message": message}
+        )
+
+    async def _turn(
+        self, role: Role, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]
+    ) -> Answer:
+        return await self.session.ask(name, messages, system=role_system(role), tools=tools, role=role)
+
+    def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:
+        self.session.runtime.telemetry.emit(
+            "role_envelope_invalid",
+            provider=answer.provider,
+            role=answer.role,
+            attempt=attempt,
+            round=answer.round,
+            error=error,
+            final=final,
+            text=answer.text,  # kept only when telemetry.include_content is on
+        )
+
+
+def _parsed(role: Role, text: str, check: EnvelopeCheck | None) -> tuple[dict[str, Any] | None, str | None]:
+    envelope, error = parse_envelope(role, text)
+    if envelope is not None and check is not None:
+        error = check(envelope)
+        if error is not None:
+            return None, error
+    return envelope, error
+
+
+def _fields(answer: Answer) -> dict[str, Any]:
+    """An Answer's fields, to make the RoleAnswer that carries them."""
+    return {name: getattr(answer, name) for name in Answer.__dataclass_fields__}
+
+
+def _merged(first: RoleAnswer, second: Answer) -> RoleAnswer:
+    """A role's two attempts as one answer: the second's outcome, both attempts' costs."""
+    spent = [a for a in (first, second) if a.hops > 0]
+    return RoleAnswer(
+        **{
+            **_fields(second),
+            "usage": Totals.of(spent).usage,
+            "hops": first.hops + second.hops,
+            "latency_ms": first.latency_ms + second.latency_ms,
+            "inner_tool_calls": first.inner_tool_calls + second.inner_tool_calls,
+            "cost_cap": first.cost_cap,
+            "exchanges": first.exchanges + second.exchanges,
+            "warnings": tuple(dict.fromkeys(first.warnings + second.warnings)),
+            "text": second.text if second.ok else None,
+        },
+        role=first.role,
+        round=first.round,
+        attempts=2,
+    )
+
+
+def _with_fallback(answer: RoleAnswer, failed: Sequence[RoleAnswer]) -> RoleAnswer:
+    if not failed:
+        return answer
+    return replace(answer, fallback_from=failed[0].reason, fallbacks_tried=tuple(f.reason for f in failed))
