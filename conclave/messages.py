@@ -67,6 +67,11 @@ class CompletionRequest:
     temperature: float | None = None
     tools: tuple[ToolDeclaration, ...] = ()  # declared natively; empty: no tools in the request
     tool_choice: ToolChoice = "auto"  # "none": the declarations stay, calls are forbidden (a final round)
+    # Provider-side prompt caching (SPEC §11): the first `cache_prefix` characters of `system` are
+    # the same for every call of the session (adapters that mark cache breakpoints end one there),
+    # and `cache_key` names the session for providers that route on a cache key.
+    cache_prefix: int = 0
+    cache_key: str | None = None
 
     @classmethod
     def ask(cls, question: str, **kwargs: Any) -> CompletionRequest:

@@ -25,7 +25,7 @@ from conclave.deliberation.results import (
     RoleAnswer,
     Totals,
 )
-from conclave.deliberation.roles import chair_prompt, reviewer_prompt, role_system
+from conclave.deliberation.roles import chair_prompt, reviewer_prompt, shared_system, turn_system
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
 from conclave.deliberation.stages import RoleTurns, synthesizer_chain
 from conclave.errors import InvalidArguments
@@ -55,7 +55,7 @@ class _Confer:
         self.system: str | None = session.args.get("system")
         self.reviewing = bool(session.args.get("review"))
         self.synthesizing = bool(session.args.get("synthesize"))
-        self.turns = RoleTurns(session)
+        self.turns = RoleTurns(session, shared_system(session.args["question"], session.args.get("context")))
         self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
 
     def opening(self) -> dict[str, Any]:
@@ -108,13 +108,10 @@ class _Confer:
         return Review(found, review.aggregate(found, ok), review.agreement(found))
 
     async def _review_by(self, reviewer: str, ok: list[Answer]) -> None:
-        args = self.session.args
         others = [a for a in ok if a.provider != reviewer]
         seating = review.shuffled(self.session.id, reviewer, [a.provider for a in others])
         text_of = {a.provider: a.text or "" for a in others}
-        prompt = reviewer_prompt(
-            args["question"], args.get("context"), [(label, text_of[who]) for label, who in seating]
-        )
+        prompt = reviewer_prompt([(label, text_of[who]) for label, who in seating])
         labels = [label for label, _ in seating]
         turn = await self.turns.ask(
             "reviewer",
@@ -140,7 +137,7 @@ class _Confer:
     # -- the chair: the final answer from the anonymized answers (and the aggregate) --------------------
 
     async def _synthesize(self, answers: list[Answer], peer_review: Review | None) -> RoleAnswer:
-        config, args = self.session.runtime.config, self.session.args
+        config = self.session.runtime.config
         chain = synthesizer_chain(None, config.roles)
         ok = [a for a in answers if a.ok]
         if not ok:  # nothing to synthesize from
@@ -154,9 +151,7 @@ class _Confer:
             ranked = [{"label": label_of[s.provider], **s.to_dict()} for s in peer_review.aggregate]
             for entry in ranked:
                 del entry["provider"]  # the chair sees labels only
-        prompt = chair_prompt(
-            args["question"], args.get("context"), [(label, text_of[who]) for label, who in seating], ranked
-        )
+        prompt = chair_prompt([(label, text_of[who]) for label, who in seating], ranked)
         synthesis = await self.turns.synthesize(chain, prompt, 1)
         self.session.runtime.telemetry.emit(
             "synthesis",
@@ -230,11 +225,11 @@ class _Confer:
         session, calls = self.session, []
         quoted = asked_bytes + 2 * len(self.providers) * session.max_tokens * 4
         if self.reviewing:
-            system = session.hinted(role_system("reviewer"), session.tools.accepted) or ""
+            system = session.hinted(turn_system(self.turns.shared, "reviewer"), session.tools.accepted) or ""
             shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=session.tools_on)
             calls += [session.planned_call(n, shape, repeats=2, role="reviewer") for n in self.providers]
         if self.synthesizing:
-            system = role_system("synthesizer")
+            system = turn_system(self.turns.shared, "synthesizer")
             shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=False)
             chain = synthesizer_chain(None, session.runtime.config.roles)
             calls += [session.planned_call(n, shape, repeats=2, role="synthesizer") for n in chain]

@@ -23,8 +23,9 @@ from conclave.deliberation.roles import (
     Role,
     critic_prompt,
     proposer_prompt,
-    role_system,
+    shared_system,
     synthesizer_prompt,
+    turn_system,
 )
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session
 from conclave.deliberation.stages import RoleTurns, synthesizer_chain
@@ -67,7 +68,7 @@ class _Debate:
         self.cast = _Cast.from_args(session.args, session.runtime)
         self.rounds = int(session.args.get("rounds") or 1)
         self.stop_when_converged = session.args.get("stop_when_converged", True) is not False
-        self.turns = RoleTurns(session)
+        self.turns = RoleTurns(session, shared_system(self.task, self.context))
 
     @property
     def all_answers(self) -> list[RoleAnswer]:
@@ -104,16 +105,14 @@ class _Debate:
 
     async def _propose(self, number: int, previous: Round | None) -> RoleAnswer:
         if previous is None:
-            prompt = proposer_prompt(self.task, self.context)
+            prompt = proposer_prompt()
         else:
             critiques = [_critique_view(c) for c in previous.critiques]
-            prompt = proposer_prompt(
-                self.task, self.context, previous=previous.proposal.envelope, critiques=critiques
-            )
+            prompt = proposer_prompt(previous=previous.proposal.envelope, critiques=critiques)
         return await self._role("proposer", self.cast.proposer, prompt, number)
 
     async def _critique(self, number: int, proposal: Mapping[str, Any]) -> tuple[RoleAnswer, ...]:
-        prompt = critic_prompt(self.task, self.context, proposal, round_number=number)
+        prompt = critic_prompt(proposal, round_number=number)
         found: dict[str, RoleAnswer] = {}
 
         async def review(name: str) -> None:
@@ -125,12 +124,7 @@ class _Debate:
         return tuple(found[name] for name in self.cast.critics)
 
     async def _synthesize(self, last: Round) -> RoleAnswer:
-        prompt = synthesizer_prompt(
-            self.task,
-            self.context,
-            last.proposal.envelope,
-            [_critique_view(c) for c in last.critiques],
-        )
+        prompt = synthesizer_prompt(last.proposal.envelope, [_critique_view(c) for c in last.critiques])
         return await self.turns.synthesize(self.cast.synthesizers, prompt, last.number)
 
     async def _role(self, role: Role, name: str, prompt: str, number: int) -> RoleAnswer:
@@ -233,7 +227,7 @@ class _Debate:
         calls = []
         for role, names, repeats in casting:
             tools = session.tools.accepted if role in TOOL_ROLES else ()
-            system = session.hinted(role_system(role), tools) or ""
+            system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
             shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
             calls += [session.planned_call(name, shape, repeats=2 * repeats, role=role) for name in names]
         return calls

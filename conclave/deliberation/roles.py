@@ -105,8 +105,20 @@ def _critiques(critiques: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return shaped
 
 
+def shared_system(task: str, context: str | None) -> str:
+    """What every role turn of a deliberation starts its system prompt with: the same preamble and
+    the task (and context), byte for byte, so that providers can cache it (SPEC §11). The role's
+    own instructions follow it (`turn_system`)."""
+    return _fill("deliberation", task=_task_block(task, context))
+
+
+def turn_system(shared: str, role: Role) -> str:
+    """A role turn's system prompt: the shared part, then the role's instructions."""
+    return f"{shared}\n\n{role_system(role)}"
+
+
 def role_system(role: Role) -> str:
-    """The role's system prompt, its envelope schema embedded (without `$schema` and `$id`)."""
+    """The role's instructions, its envelope schema embedded (without `$schema` and `$id`)."""
     return _role_system(role)
 
 
@@ -118,73 +130,52 @@ def _role_system(role: Role) -> str:
 
 
 def proposer_prompt(
-    task: str,
-    context: str | None,
-    *,
-    previous: Mapping[str, Any] | None = None,
-    critiques: Sequence[Mapping[str, Any]] = (),
+    *, previous: Mapping[str, Any] | None = None, critiques: Sequence[Mapping[str, Any]] = ()
 ) -> str:
-    """Round 1 (no `previous`): the task. Later rounds: the task, the previous proposal envelope and the
-    critiques of it, asking for a complete revised proposal with `revision_notes`."""
-    task_block = _task_block(task, context)
+    """Round 1 (no `previous`): the ask alone (the task is in the system prompt). Later rounds:
+    the previous proposal envelope and the critiques of it, asking for a complete revised
+    proposal with `revision_notes`."""
     if previous is None:
-        return _fill("proposer.user", task=task_block)
+        return _fill("proposer.user")
     return _fill(
         "proposer_revision.user",
-        task=task_block,
         proposal=_fenced_model_output(previous),
         critiques=_fenced_model_output(_critiques(critiques)),
     )
 
 
-def critic_prompt(task: str, context: str | None, proposal: Mapping[str, Any], *, round_number: int) -> str:
-    """The task and the proposal only: a critic never sees another critic's review."""
+def critic_prompt(proposal: Mapping[str, Any], *, round_number: int) -> str:
+    """The proposal only (the task is in the system prompt): a critic never sees another
+    critic's review."""
     if round_number < 1:
         raise ValueError(f"round_number must be 1 or more, not {round_number}")
-    return _fill(
-        "critic.user",
-        round_number=str(round_number),
-        task=_task_block(task, context),
-        proposal=_fenced_model_output(proposal),
-    )
+    return _fill("critic.user", round_number=str(round_number), proposal=_fenced_model_output(proposal))
 
 
-def synthesizer_prompt(
-    task: str,
-    context: str | None,
-    proposal: Mapping[str, Any] | None,
-    critiques: Sequence[Mapping[str, Any]],
-) -> str:
-    """The task, the final proposal (or a note that the proposer failed) and every final-round critique."""
+def synthesizer_prompt(proposal: Mapping[str, Any] | None, critiques: Sequence[Mapping[str, Any]]) -> str:
+    """The final proposal (or a note that the proposer failed) and every final-round critique."""
     return _fill(
         "synthesizer.user",
-        task=_task_block(task, context),
         proposal=_fill("no_proposal") if proposal is None else _fenced_model_output(proposal),
         critiques=_fenced_model_output(_critiques(critiques)),
     )
 
 
-def reviewer_prompt(question: str, context: str | None, answers: Sequence[tuple[str, str]]) -> str:
-    """The question and the other members' answers, as (label, text) in the order shown."""
+def reviewer_prompt(answers: Sequence[tuple[str, str]]) -> str:
+    """The other members' answers, as (label, text) in the order shown (the question is in the
+    system prompt)."""
     return _fill(
         "reviewer.user",
-        task=_task_block(question, context),
         answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
         labels=", ".join(label for label, _ in answers),
     )
 
 
-def chair_prompt(
-    question: str,
-    context: str | None,
-    answers: Sequence[tuple[str, str]],
-    aggregate: Sequence[Mapping[str, Any]] | None,
-) -> str:
-    """The question, the panel's answers as (label, text), and the review's aggregate by label."""
+def chair_prompt(answers: Sequence[tuple[str, str]], aggregate: Sequence[Mapping[str, Any]] | None) -> str:
+    """The panel's answers as (label, text), and the review's aggregate by label."""
     ranking = "" if aggregate is None else _fill("chair_ranking", aggregate=_fenced(list(aggregate)))
     return _fill(
         "chair.user",
-        task=_task_block(question, context),
         answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
         ranking=ranking,
     )

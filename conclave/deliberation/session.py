@@ -107,8 +107,11 @@ class Session:
         system: str | None,
         tools: tuple[str, ...],
         role: str | None = None,
+        shared: int = 0,
     ) -> Answer:
-        """One worker turn for provider `name`, as an Answer: a failure is a status, never raised."""
+        """One worker turn for provider `name`, as an Answer: a failure is a status, never raised.
+        `shared`: the characters of `system` every role turn of the session starts with, which
+        providers may cache (SPEC §11); role turns also name the session as their cache key."""
         if name not in self.runtime.config.providers:
             return unknown_provider(name, self.runtime.config)
         turn = WorkerTurn(
@@ -124,6 +127,8 @@ class Session:
             canary=self.canary if tools else "",
             role=role,
             tool_mode=self._tool_mode(name) if tools else "tags",
+            cache_prefix=shared,
+            cache_key=self.id if shared else None,
         )
         ticket = next(self._tickets)
         self.awaiting[ticket] = f"{role} {name}" if role else name

@@ -14,7 +14,7 @@ import anyio
 from conclave.config import RolesConfig
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.results import Answer, RoleAnswer, Totals
-from conclave.deliberation.roles import Role, parse_envelope, reprompt, role_system
+from conclave.deliberation.roles import Role, parse_envelope, reprompt, turn_system
 from conclave.deliberation.session import Session
 from conclave.messages import Message
 
@@ -33,8 +33,9 @@ def synthesizer_chain(chosen: str | None, roles: RolesConfig) -> tuple[str, ...]
 class RoleTurns:
     """The role turns of one session, in the order they ended (`answers`)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, shared: str) -> None:
         self.session = session
+        self.shared = shared  # the start of every role turn's system prompt (`shared_system`)
         self.answers: list[RoleAnswer] = []
 
     async def ask(
@@ -119,7 +120,10 @@ class RoleTurns:
     async def _turn(
         self, role: Role, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]
     ) -> Answer:
-        return await self.session.ask(name, messages, system=role_system(role), tools=tools, role=role)
+        system = turn_system(self.shared, role)
+        return await self.session.ask(
+            name, messages, system=system, tools=tools, role=role, shared=len(self.shared)
+        )
 
     def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:
         self.session.runtime.telemetry.emit(

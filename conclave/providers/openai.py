@@ -90,6 +90,10 @@ class OpenAIAdapter:
             body["tools"] = [_declaration(t) for t in request.tools]
             if request.tool_choice == "none":  # "auto" is the default whenever tools are declared
                 body["tool_choice"] = "none"
+        if request.cache_key and _host(entry.base_url) == "api.openai.com":
+            # Routes a session's calls to the same prompt cache (SPEC §11). Only OpenAI's own API
+            # has the field: compatible servers may refuse a field they do not know.
+            body["prompt_cache_key"] = request.cache_key
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:

@@ -55,6 +55,8 @@ class WorkerTurn:
     canary: str = ""
     role: str | None = None
     tool_mode: ToolMode = "tags"
+    cache_prefix: int = 0  # characters of `system` every call of the session shares (SPEC §11)
+    cache_key: str | None = None
 
 
 @record
@@ -303,6 +305,8 @@ class WorkerLoop:
             system=turn.system,
             max_tokens=turn.max_tokens,
             temperature=turn.temperature,
+            cache_prefix=turn.cache_prefix,
+            cache_key=turn.cache_key,
         )
         if not turn.tools:
             return request

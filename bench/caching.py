@@ -1,0 +1,202 @@
+"""How much of a deliberation's input the providers could read from their prompt caches, from
+the requests themselves (SPEC §11): for every request after a provider's first in a session, the
+share of its prompt that is a byte-identical prefix of an earlier request to the same provider;
+and what the input would cost with those prefixes billed at the cached rate, against all of it at
+the full rate.
+
+Run: .venv/bin/python -m bench.caching [--context-tokens 20000]
+
+Two calls against the simulated panel (over loopback HTTP; replies scripted):
+- a 2-round `coordinate` on a 4-member panel (proposer, two critics, synthesizer) with a context
+  of about `--context-tokens` tokens; again with a critic as the synthesizer (the shipped roles
+  cast it so), whose synthesis then reads the task from the critic's cache; and
+- a K=5 `confer` with review.
+A request's prompt is what the provider caches, in its order: tools, system prompt, messages.
+Anthropic's first request bills its prompt up to the breakpoint as a cache write (1.25 x).
+Tokens are estimated as characters / 4 on both sides of each ratio, so the shares are
+provider-independent. Prices are the rate card's for each simulated member.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from conclave.config import PriceConfig, load_config
+from conclave.deliberation import review
+from conclave.deliberation.confer import confer
+from conclave.deliberation.coordinate import coordinate
+from conclave.runtime import open_runtime
+from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.simulated import SIMULATED_MEMBERS
+
+PRICES = {kind: price for kind, _model, price in SIMULATED_MEMBERS.values()}
+PROPOSAL = {"proposal": "Use PostgreSQL with read replicas.", "rationale": "Transactions.", "confidence": 0.7}
+REVISE = {"verdict": "revise", "issues": [{"severity": "major", "description": "Size the replicas."}]}
+SYNTHESIS = {"answer": "PostgreSQL with two read replicas.", "confidence": 0.8}
+COORDINATE = {"prop": "openai", "crit-a": "anthropic", "crit-b": "gemini", "synth": "anthropic"}
+CONFER = {"m1": "openai", "m2": "anthropic", "m3": "gemini", "m4": "openai", "m5": "anthropic"}
+
+
+def prompt_of(kind: str, body: dict[str, Any]) -> str:
+    """The cacheable prompt of a wire body, in the provider's own prefix order."""
+    if kind == "anthropic":
+        parts = [body.get("tools"), body.get("system"), body.get("messages")]
+    elif kind == "gemini":
+        parts = [body.get("tools"), body.get("systemInstruction"), body.get("contents")]
+    else:  # OpenAI-style: the system prompt is the first message
+        parts = [body.get("tools"), body.get("messages")]
+    return "".join(json.dumps(p, ensure_ascii=False) for p in parts if p is not None)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def measure(requests: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, float]:
+    """`requests`: (provider, kind, wire body) in the order sent. The repeated share of the
+    prompts after each provider's first, and the input bill with and without cached reads."""
+    seen: dict[str, list[str]] = {}
+    later = repeated = 0
+    with_cache = without_cache = 0.0
+    for provider, kind, body in requests:
+        prompt = prompt_of(kind, body)
+        earlier = seen.setdefault(provider, [])
+        hit = max((_common_prefix(prompt, old) for old in earlier), default=0)
+        if earlier:
+            later, repeated = later + len(prompt), repeated + hit
+        price: PriceConfig = PRICES[kind]
+        tokens, cached = len(prompt) / 4, hit / 4
+        written = _written(kind, body) / 4 if not hit else 0.0  # Anthropic bills a cache write
+        with_cache += (
+            (tokens - cached - written) * price.input_per_mtok
+            + cached * _rate(price.cached_input_per_mtok, price)
+            + written * _rate(price.cache_write_per_mtok, price)
+        ) / 1e6
+        without_cache += tokens * price.input_per_mtok / 1e6
+        earlier.append(prompt)
+    return {
+        "share": repeated / later if later else 0.0,
+        "later_tokens": later / 4,
+        "bill_with_cache": with_cache,
+        "bill_without_cache": without_cache,
+    }
+
+
+def _rate(rate: float | None, price: PriceConfig) -> float:
+    return price.input_per_mtok if rate is None else rate
+
+
+def _written(kind: str, body: dict[str, Any]) -> int:
+    """Characters an Anthropic request writes to the cache: its prompt up to the breakpoint."""
+    system = body.get("system")
+    if kind != "anthropic" or not isinstance(system, list):
+        return 0
+    marked = [b for b in system if "cache_control" in b]
+    return len(json.dumps(body.get("tools"))) + sum(len(b["text"]) for b in marked) if marked else 0
+
+
+def _config(panel: SimPanel, members: dict[str, str], workdir: Path, roles: dict[str, Any]) -> Any:
+    providers = {
+        name: {"kind": kind, "model": f"m-{name}", "base_url": panel.base_url(kind)}  # type: ignore[arg-type]
+        for name, kind in members.items()
+    }
+    data = {
+        "providers": providers,
+        "panel": list(members),
+        "roles": roles,
+        "telemetry": {"enabled": False},
+        "transcripts": {"enabled": False},
+    }
+    path = workdir / "caching.yaml"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return load_config(str(path), env={}, dotenv=None)
+
+
+async def _coordinate(
+    context_tokens: int, workdir: Path, synthesizer: str
+) -> list[tuple[str, str, dict[str, Any]]]:
+    async with SimPanel() as panel:
+        panel.set_scenario("m-prop", Scenario(replies=(Reply(text=json.dumps(PROPOSAL)),)))
+        for critic in ("crit-a", "crit-b"):
+            panel.set_scenario(f"m-{critic}", Scenario(replies=(Reply(text=json.dumps(REVISE)),)))
+        panel.set_scenario("m-synth", Scenario(replies=(Reply(text=json.dumps(SYNTHESIS)),)))
+        panel.set_scenario(
+            "m-crit-a",
+            Scenario(
+                replies=(Reply(text=json.dumps(REVISE)),),
+                rules=(Rule("Write the final answer to the task", Reply(text=json.dumps(SYNTHESIS))),),
+            ),
+        )
+        roles = {"proposer": "prop", "critics": ["crit-a", "crit-b"], "synthesizer": synthesizer}
+        context = ("The ledger records every payment, refund and fee, with its account. " * 10_000)[
+            : context_tokens * 4
+        ]
+        async with open_runtime(_config(panel, COORDINATE, workdir, roles)) as runtime:
+            args = {"task": "Choose the ledger's database.", "context": context, "rounds": 2}
+            result = await coordinate(runtime, args)
+        if result.degraded:
+            raise RuntimeError(f"a degraded run is no measurement: {result.degraded_reasons}")
+        return [(r.model[2:], COORDINATE[r.model[2:]], r.body) for r in panel.received]
+
+
+async def _confer(workdir: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    async with SimPanel() as panel:
+        session_id = "bench-caching-confer"
+        for name in CONFER:
+            shown = [m for m in CONFER if m != name]
+            labels = [label for label, _ in review.shuffled(session_id, name, shown)]
+            envelope = {"ranking": labels, "notes": {}, "confidence": 0.5}
+            rules = (Rule("Rank every one of these labels", Reply(text=json.dumps(envelope))),)
+            answer = Reply(text=f"{name}: option 2, because it is cheaper to run. " * 20)
+            panel.set_scenario(f"m-{name}", Scenario(replies=(answer,), rules=rules))
+        roles = {"proposer": "m1", "critics": ["m2"], "synthesizer": "m2"}
+        async with open_runtime(_config(panel, CONFER, workdir, roles)) as runtime:
+            question = {"question": "Which queue should we use?", "review": True, "session_id": session_id}
+            result = await confer(runtime, question)
+        if result.degraded:
+            raise RuntimeError(f"a degraded run is no measurement: {result.degraded_reasons}")
+        return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received]
+
+
+async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory() as workdir:
+        four = measure(await _coordinate(context_tokens, Path(workdir), "synth"))
+        critic_chairs = measure(await _coordinate(context_tokens, Path(workdir), "crit-a"))
+        council = measure(await _confer(Path(workdir)))
+    return {
+        "coordinate, 4 members": four,
+        "coordinate, a critic synthesizes": critic_chairs,
+        "confer with review": council,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--context-tokens", type=int, default=20_000)
+    opts = parser.parse_args()
+    figures = anyio.run(_run, opts.context_tokens)
+    print(f"prompt caching, from the requests (context: {opts.context_tokens} tokens for coordinate)")
+    for name, f in figures.items():
+        saved = 1 - f["bill_with_cache"] / f["bill_without_cache"] if f["bill_without_cache"] else 0.0
+        print(
+            f"  {name:<34} repeated prefix: {f['share']:6.1%} of {f['later_tokens']:,.0f} input tokens after"
+            f" each provider's first call; input bill ${f['bill_with_cache']:.4f} with cached reads,"
+            f" ${f['bill_without_cache']:.4f} without ({saved:.0%} lower)"
+        )
+
+
+if __name__ == "__main__":
+    main()
