@@ -20,6 +20,7 @@ provider-independent. Prices are the rate card's for each simulated member.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from collections.abc import Sequence
@@ -32,8 +33,10 @@ from conclave.config import PriceConfig, load_config
 from conclave.deliberation import review
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
+from conclave.messages import Usage
 from conclave.runtime import open_runtime
 from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.sim.caching import common_prefix, prompt_of
 from conclave.simulated import SIMULATED_MEMBERS
 
 PRICES = {kind: price for kind, _model, price in SIMULATED_MEMBERS.values()}
@@ -42,25 +45,6 @@ REVISE = {"verdict": "revise", "issues": [{"severity": "major", "description": "
 SYNTHESIS = {"answer": "PostgreSQL with two read replicas.", "confidence": 0.8}
 COORDINATE = {"prop": "openai", "crit-a": "anthropic", "crit-b": "gemini", "synth": "anthropic"}
 CONFER = {"m1": "openai", "m2": "anthropic", "m3": "gemini", "m4": "openai", "m5": "anthropic"}
-
-
-def prompt_of(kind: str, body: dict[str, Any]) -> str:
-    """The cacheable prompt of a wire body, in the provider's own prefix order."""
-    if kind == "anthropic":
-        parts = [body.get("tools"), body.get("system"), body.get("messages")]
-    elif kind == "gemini":
-        parts = [body.get("tools"), body.get("systemInstruction"), body.get("contents")]
-    else:  # OpenAI-style: the system prompt is the first message
-        parts = [body.get("tools"), body.get("messages")]
-    return "".join(json.dumps(p, ensure_ascii=False) for p in parts if p is not None)
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def measure(requests: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, float]:
@@ -72,7 +56,7 @@ def measure(requests: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, fl
     for provider, kind, body in requests:
         prompt = prompt_of(kind, body)
         earlier = seen.setdefault(provider, [])
-        hit = max((_common_prefix(prompt, old) for old in earlier), default=0)
+        hit = max((common_prefix(prompt, old) for old in earlier), default=0)
         if earlier:
             later, repeated = later + len(prompt), repeated + hit
         price: PriceConfig = PRICES[kind]
@@ -108,7 +92,12 @@ def _written(kind: str, body: dict[str, Any]) -> int:
 
 def _config(panel: SimPanel, members: dict[str, str], workdir: Path, roles: dict[str, Any]) -> Any:
     providers = {
-        name: {"kind": kind, "model": f"m-{name}", "base_url": panel.base_url(kind)}  # type: ignore[arg-type]
+        name: {
+            "kind": kind,
+            "model": f"m-{name}",
+            "base_url": panel.base_url(kind),  # type: ignore[arg-type]
+            "price": {k: v for k, v in dataclasses.asdict(PRICES[kind]).items() if v is not None},
+        }
         for name, kind in members.items()
     }
     data = {
@@ -123,10 +112,15 @@ def _config(panel: SimPanel, members: dict[str, str], workdir: Path, roles: dict
     return load_config(str(path), env={}, dotenv=None)
 
 
+Requests = list[tuple[str, str, dict[str, Any]]]
+
+
 async def _coordinate(
-    context_tokens: int, workdir: Path, synthesizer: str
-) -> list[tuple[str, str, dict[str, Any]]]:
-    async with SimPanel() as panel:
+    context_tokens: int, workdir: Path, synthesizer: str, *, caching: bool = False
+) -> tuple[Requests, Usage]:
+    """The debate's requests, and its usage and cost as the panel reports them (with each
+    provider's caching rule played when `caching`)."""
+    async with SimPanel(caching=caching) as panel:
         panel.set_scenario("m-prop", Scenario(replies=(Reply(text=json.dumps(PROPOSAL)),)))
         for critic in ("crit-a", "crit-b"):
             panel.set_scenario(f"m-{critic}", Scenario(replies=(Reply(text=json.dumps(REVISE)),)))
@@ -147,7 +141,7 @@ async def _coordinate(
             result = await coordinate(runtime, args)
         if result.degraded:
             raise RuntimeError(f"a degraded run is no measurement: {result.degraded_reasons}")
-        return [(r.model[2:], COORDINATE[r.model[2:]], r.body) for r in panel.received]
+        return [(r.model[2:], COORDINATE[r.model[2:]], r.body) for r in panel.received], result.usage
 
 
 async def _confer(workdir: Path) -> list[tuple[str, str, dict[str, Any]]]:
@@ -170,15 +164,22 @@ async def _confer(workdir: Path) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
+    figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        four = measure(await _coordinate(context_tokens, Path(workdir), "synth"))
-        critic_chairs = measure(await _coordinate(context_tokens, Path(workdir), "crit-a"))
-        council = measure(await _confer(Path(workdir)))
-    return {
-        "coordinate, 4 members": four,
-        "coordinate, a critic synthesizes": critic_chairs,
-        "confer with review": council,
-    }
+        for name, synthesizer in (
+            ("coordinate, 4 members", "synth"),
+            ("coordinate, a critic synthesizes", "crit-a"),
+        ):
+            requests, uncached = await _coordinate(context_tokens, Path(workdir), synthesizer)
+            _, cached = await _coordinate(context_tokens, Path(workdir), synthesizer, caching=True)
+            figures[name] = {
+                **measure(requests),
+                "panel_cost_cached": cached.cost_usd or 0.0,
+                "panel_cost_uncached": uncached.cost_usd or 0.0,
+                "panel_cached_tokens": float(cached.cached_input_tokens or 0),
+            }
+        figures["confer with review"] = measure(await _confer(Path(workdir)))
+    return figures
 
 
 def main() -> None:
@@ -196,6 +197,12 @@ def main() -> None:
             f" each provider's first call; input bill ${f['bill_with_cache']:.4f} with cached reads,"
             f" ${f['bill_without_cache']:.4f} without ({saved:.0%} lower)"
         )
+        if "panel_cost_cached" in f:
+            print(
+                f"  {'':<34} the panel playing each provider's caching rule: {f['panel_cached_tokens']:,.0f}"
+                f" cached tokens; the whole call ${f['panel_cost_cached']:.4f}, against"
+                f" ${f['panel_cost_uncached']:.4f} without caching"
+            )
 
 
 if __name__ == "__main__":

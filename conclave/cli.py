@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8900)
     sim.add_argument("--latency-ms", type=float, default=0.0)
+    sim.add_argument("--caching", action="store_true", help="play each provider's prompt caching rule")
     sim.set_defaults(handler=cmd_sim)
 
     _add_confer(sub, common)
@@ -420,9 +421,8 @@ async def _run_in_runtime(
 def cmd_sim(args: argparse.Namespace) -> int:
     from conclave.sim.__main__ import main as sim_main
 
-    status: int = sim_main(
-        ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
-    )
+    argv = ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
+    status: int = sim_main(argv + (["--caching"] if args.caching else []))
     return status
 
 

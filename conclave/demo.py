@@ -244,7 +244,7 @@ class DemoRun:
 async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) -> DemoRun:
     """Both calls through the real stack; `progress` (a terminal) shows them live."""
     tag = uuid.uuid4().hex[:6]  # short: `tail` shows session ids of up to 20 characters whole
-    async with SimPanel(latency_ms=latency_ms) as panel, page_server() as page_port:
+    async with SimPanel(latency_ms=latency_ms, caching=True) as panel, page_server() as page_port:
         page_url = f"http://127.0.0.1:{page_port}/lighthouse"
         script_panel(panel, page_url, f"demo-confer-{tag}")
         config = demo_config(base, panel, page_port)
@@ -267,7 +267,29 @@ def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
 
 
 def _coordinate_args(session_id: str) -> dict[str, Any]:
-    return {"task": COORDINATE_TASK, "worker_tools": ["fetch", "verify"], "session_id": session_id}
+    return {
+        "task": COORDINATE_TASK,
+        "context": TRAFFIC,
+        "worker_tools": ["fetch", "verify"],
+        "session_id": session_id,
+    }
+
+
+def _traffic() -> str:
+    """The coordinate's context: a week of traffic per endpoint, the kind of table such a decision
+    is made from (deterministic, so every run sends the same bytes). It is long enough for a
+    provider to cache: sim-anthropic reads it from its cache when it turns from critic to
+    synthesizer."""
+    rows = ["Traffic over the last 7 days, per endpoint (requests/day, median response KiB, writes/day):"]
+    for i in range(90):
+        resource = ("accounts", "invoices", "payments", "customers", "reports", "plans")[i % 6]
+        rows.append(
+            f"GET /api/v1/{resource}/{i:03d}: {1200 + 37 * i} req/day, {1 + i % 4} KiB, {i % 7} writes/day"
+        )
+    return "\n".join(rows)
+
+
+TRAFFIC = _traffic()
 
 
 async def _call(
@@ -297,6 +319,8 @@ def problems(run: DemoRun) -> list[str]:
         found.append(f"confer's review is not what the reviewers said: {peer_review}")
     if not (run.confer.get("synthesis") or {}).get("envelope"):
         found.append("confer has no synthesis")
+    if not (run.coordinate.get("usage") or {}).get("cached_input_tokens"):
+        found.append("coordinate read nothing from a prompt cache")
     return found
 
 

@@ -224,6 +224,9 @@ def _plan(plan: Mapping[str, Any], style: Style) -> list[str]:
     cost = plan.get("max_cost_usd")
     bound = fmt_cost(cost) if cost is not None else "unknown (a price is missing)"
     lines = ["", f"at most {plan.get('max_calls')} model calls, costing at most {bound}"]
+    if plan.get("max_cost_usd_cached") is not None:
+        cached = fmt_cost(plan["max_cost_usd_cached"])
+        lines.append(f"  or at most {cached} when later calls read the task from the cache")
     for call in plan.get("calls") or []:
         role = f" as {call['role']}" if call.get("role") else ""
         limits = (

@@ -65,6 +65,8 @@ def test_the_demo_shows_both_calls_with_their_tool_use(
     assert "sim-gemini · sim-gemini · ok" in out and "2 hops · tools: tags" in out
     assert "═══ Review · 3 reviewers" in out and "1. sim-gemini  1.00" in out, "the blind review, by name"
     assert "The Exampleville lighthouse is 47 metres tall (its own page says so)" in out, "the chair"
+    totals = [line for line in out.splitlines() if line.startswith("totals:")]
+    assert len(totals) == 2 and "cached)" in totals[1], "the debate reads its task from a prompt cache"
     assert "═══ Synthesis" in out and "Use LRU eviction capped at 10,000 entries" in out
     assert "DEGRADED" not in out
 

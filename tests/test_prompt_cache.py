@@ -174,3 +174,23 @@ async def test_the_reviewers_and_the_chair_share_the_question_the_same_way(
     staged = [r.body for r in panel.received if isinstance(r.body.get("system"), list)]
     assert len(staged) >= 3, "two reviewers (each re-prompted) and the chair"
     assert all(b["system"][0]["text"] == shared for b in staged)
+
+
+async def test_a_dry_run_prices_the_debate_with_and_without_cache_hits(
+    make_config: Callable[..., Config], panel: SimPanel
+) -> None:
+    price = {"input_per_mtok": 3.0, "output_per_mtok": 15.0, "cached_input_per_mtok": 0.3}
+    providers = {
+        name: {"kind": kind, "model": f"m-{name}", "base_url": panel.base_url(kind), "price": price}  # type: ignore[arg-type]
+        for name, kind in MEMBERS.items()
+    }
+    roles = {"proposer": "prop", "critics": ["crit-a", "crit-b"], "synthesizer": "synth"}
+    config = make_config(providers, roles=roles)
+    async with open_runtime(config) as rt:
+        plan = (await coordinate(rt, {"task": TASK, "context": CONTEXT, "rounds": 2, "dry_run": True})).plan
+    assert plan is not None and panel.received == []
+    assert plan["max_cost_usd_cached"] < plan["max_cost_usd"]
+    for call in plan["calls"]:
+        assert call["max_cost_usd_cached"] < call["max_cost_usd"], "each role re-reads the task"
+    result = await conclave.confer("Which?", config=config, dry_run=True)
+    assert "max_cost_usd_cached" not in (result.plan or {}), "a plain confer shares no prompt"

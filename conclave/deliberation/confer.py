@@ -223,16 +223,23 @@ class _Confer:
         """The review and the synthesis at their largest: every answer quoted in full (escaped),
         every turn re-prompted once; every synthesizer of the chain tried."""
         session, calls = self.session, []
+        shared = len(self.turns.shared.encode("utf-8"))
         quoted = asked_bytes + 2 * len(self.providers) * session.max_tokens * 4
         if self.reviewing:
             system = session.hinted(turn_system(self.turns.shared, "reviewer"), session.tools.accepted) or ""
             shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=session.tools_on)
-            calls += [session.planned_call(n, shape, repeats=2, role="reviewer") for n in self.providers]
+            calls += [
+                session.planned_call(n, shape, repeats=2, role="reviewer", shared_bytes=shared)
+                for n in self.providers
+            ]
         if self.synthesizing:
             system = turn_system(self.turns.shared, "synthesizer")
             shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=False)
             chain = synthesizer_chain(None, session.runtime.config.roles)
-            calls += [session.planned_call(n, shape, repeats=2, role="synthesizer") for n in chain]
+            calls += [
+                session.planned_call(n, shape, repeats=2, role="synthesizer", shared_bytes=shared)
+                for n in chain
+            ]
         return calls
 
     def transcript(self, result: ConferResult) -> dict[str, Any]:

@@ -229,7 +229,11 @@ class _Debate:
             tools = session.tools.accepted if role in TOOL_ROLES else ()
             system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
             shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
-            calls += [session.planned_call(name, shape, repeats=2 * repeats, role=role) for name in names]
+            shared = len(self.turns.shared.encode("utf-8"))
+            calls += [
+                session.planned_call(name, shape, repeats=2 * repeats, role=role, shared_bytes=shared)
+                for name in names
+            ]
         return calls
 
     def transcript(self, result: CoordinateResult) -> dict[str, Any]:

@@ -52,10 +52,31 @@ def price_bound(entry: ProviderConfig, input_tokens: int, output_tokens: int) ->
     return round(dollars / 1_000_000, 8)
 
 
+def cached_bound(
+    entry: ProviderConfig, input_tokens: int, output_tokens: int, cached_tokens: int
+) -> float | None:
+    """`price_bound` with `cached_tokens` of the input read from the cache at the cached price."""
+    if entry.price is None:
+        return None
+    cached = min(cached_tokens, input_tokens)
+    rate = entry.price.cached_input_per_mtok
+    read = entry.price.input_per_mtok if rate is None else rate
+    dollars = (input_tokens - cached) * entry.price.input_per_mtok + cached * read
+    return round((dollars + output_tokens * entry.price.output_per_mtok) / 1_000_000, 8)
+
+
 def planned_call(
-    config: Config, name: str, shape: TurnShape, *, repeats: int = 1, role: str | None = None
+    config: Config,
+    name: str,
+    shape: TurnShape,
+    *,
+    repeats: int = 1,
+    role: str | None = None,
+    shared_bytes: int = 0,
 ) -> dict[str, Any]:
-    """One provider's (or role's) share of the plan; `repeats` covers rounds and re-prompts."""
+    """One provider's (or role's) share of the plan; `repeats` covers rounds and re-prompts;
+    `shared_bytes`, the prompt every call of a deliberation starts with, which every call after
+    this role's first may read from the provider's cache (SPEC §11)."""
     entry = config.providers.get(name)
     call: dict[str, Any] = {"provider": name, "model": entry.model if entry else None}
     if role is not None:
@@ -70,13 +91,16 @@ def planned_call(
             **_nothing(),
         }
     inputs, outputs = shape.max_input_tokens * repeats, shape.max_output_tokens * repeats
+    calls = shape.max_calls * repeats
     call.update(
         status="planned",
-        max_calls=shape.max_calls * repeats,
+        max_calls=calls,
         max_input_tokens=inputs,
         max_output_tokens=outputs,
         max_cost_usd=price_bound(entry, inputs, outputs),
     )
+    if shared_bytes:
+        call["max_cost_usd_cached"] = cached_bound(entry, inputs, outputs, shared_bytes * (calls - 1))
     if call["max_cost_usd"] is None:
         call["reason"] = "price_unknown: no price configured for this provider"
     return call
@@ -91,6 +115,9 @@ def summarize(calls: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         "max_cost_usd": None if unknown else round(sum(c["max_cost_usd"] for c in planned), 8),
         **extra,
     }
+    if any("max_cost_usd_cached" in c for c in planned):
+        cached = [c.get("max_cost_usd_cached", c["max_cost_usd"]) for c in planned]
+        plan["max_cost_usd_cached"] = None if unknown else round(sum(cached), 8)
     if unknown:
         plan["reasons"] = [f"price unknown for {name}: no upper bound on cost" for name in unknown]
     return plan

@@ -29,6 +29,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="do not keep received requests (long benchmark runs)",
     )
+    parser.add_argument(
+        "--caching", action="store_true", help="play each provider's prompt caching rule in usage"
+    )
     return parser.parse_args(argv)
 
 
@@ -38,7 +41,13 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
             loop.add_signal_handler(sig, stop.set)
-    panel = SimPanel(host=args.host, port=args.port, latency_ms=args.latency_ms, record=not args.no_record)
+    panel = SimPanel(
+        host=args.host,
+        port=args.port,
+        latency_ms=args.latency_ms,
+        record=not args.no_record,
+        caching=args.caching,
+    )
     async with panel:
         for kind in BASE_PATHS:
             print(f"{kind} {panel.base_url(kind)}", flush=True)

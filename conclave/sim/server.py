@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from conclave.sim import wire
+from conclave.sim.caching import Cached, PromptCache
 from conclave.sim.recording import (
     Kind,
     ReceivedRequest,
@@ -68,6 +69,7 @@ class SimPanel:
         latency_ms: float = 0.0,
         scenarios: Mapping[str, Scenario] | None = None,
         record: bool = True,
+        caching: bool = False,
     ) -> None:
         self._host = host
         self._requested_port = port
@@ -76,6 +78,7 @@ class SimPanel:
         self._calls: dict[str, int] = {}
         self._seq = 0
         self._record = record  # off for long benchmark runs, where the log would only grow
+        self._cache = PromptCache() if caching else None  # each provider's caching rule, on request
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self.received: list[ReceivedRequest] = []
@@ -174,10 +177,11 @@ class SimPanel:
             )
         except wire.WireError as exc:
             return _error_response(kind, exc.spec, model, seq)
-        return await self._answer(request, kind, parsed, seq)
+        cached = self._cache.apply(kind, parsed.model, body) if self._cache is not None else Cached()
+        return await self._answer(request, kind, parsed, seq, cached)
 
     async def _answer(
-        self, request: web.Request, kind: Kind, parsed: wire.ParsedRequest, seq: int
+        self, request: web.Request, kind: Kind, parsed: wire.ParsedRequest, seq: int, cached: Cached
     ) -> web.StreamResponse:
         scenario = self._scenarios.get(parsed.model)
         if scenario is not None and scenario.rejects_tools and parsed.declares_tools:
@@ -196,7 +200,7 @@ class SimPanel:
                 quota_id=reply.quota_id,
             )
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
-        answer = build_answer(parsed, reply, call=call, seq=seq)
+        answer = build_answer(parsed, reply, call=call, seq=seq, cached=cached)
         return await _success_response(request, kind, answer, reply)
 
     async def _think(self, request: web.Request, model: str, seconds: float) -> None:
@@ -250,17 +254,24 @@ class SimPanel:
         return _json({"ok": True, "model": model})
 
 
-def build_answer(parsed: wire.ParsedRequest, reply: Reply, *, call: int, seq: int) -> wire.Answer:
-    """The turn a scripted reply (or the default answer) amounts to for this request."""
+def build_answer(
+    parsed: wire.ParsedRequest, reply: Reply, *, call: int, seq: int, cached: Cached | None = None
+) -> wire.Answer:
+    """The turn a scripted reply (or the default answer) amounts to for this request; `cached`,
+    what the provider's caching rule reads from (or writes to) its cache, comes out of the
+    prompt's uncached tokens."""
     text, finish = _answer_text(parsed, reply, call)
     calls = () if reply.fault == "empty" else reply.tool_calls
     written = text + "".join(str(c.arguments) for c in calls)
+    cached = cached or Cached()
+    prompt = wire.estimate_input_tokens(parsed.input_chars)
     return wire.Answer(
         model=reply.model or parsed.model,
         text=text,
         finish_reason=finish,
-        input_tokens=wire.estimate_input_tokens(parsed.input_chars),
-        cached_tokens=reply.cached_tokens,
+        input_tokens=max(prompt - cached.read - cached.written, 1),
+        cached_tokens=reply.cached_tokens + cached.read,
+        cache_write_tokens=cached.written,
         output_tokens=wire.estimate_output_tokens(written),
         reasoning_tokens=reply.reasoning_tokens,
         seq=seq,

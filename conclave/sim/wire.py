@@ -80,6 +80,7 @@ class Answer:
     created: int
     calls: tuple[NativeCall, ...] = ()  # native tool calls, rendered after the text
     thinking: str | None = None  # shown where the service shows it, with its signature
+    cache_write_tokens: int = 0  # Anthropic: prompt tokens written to the cache (on top, too)
 
 
 def route(path: str) -> tuple[Kind, str | None] | None:
@@ -394,7 +395,7 @@ def _anthropic_success(a: Answer) -> dict[str, Any]:
         "stop_sequence": None,
         "usage": {
             "input_tokens": a.input_tokens,
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": a.cache_write_tokens,
             "cache_read_input_tokens": a.cached_tokens,
             "output_tokens": a.output_tokens,
             "service_tier": "standard",
