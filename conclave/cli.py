@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import ipaddress
 import math
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -328,9 +329,22 @@ def _check_dict(check: ProviderCheck) -> dict[str, Any]:
     }
 
 
+def _tracing_line(config: Config) -> str:
+    """What `telemetry.otel` does: off, or where its spans go (the config was loaded, so the
+    extra is there when it is on)."""
+    if not config.telemetry.otel:
+        return "off (telemetry.otel: false)"
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318 (the OTLP/HTTP default)"
+    )
+    service = os.environ.get("OTEL_SERVICE_NAME", "unknown_service (set OTEL_SERVICE_NAME)")
+    return f"OpenTelemetry spans over OTLP/HTTP to {endpoint}, service {service}"
+
+
 def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) -> None:
     label = " [SIMULATED PANEL: no real provider is called]" if simulated else ""
     print(f"config: {config.source} (valid){label}")
+    print(f"tracing: {_tracing_line(config)}")
     table = [["PROVIDER", "KIND", "MODEL", "USED", "VERDICT", "DETAIL"]]
     for c in checks:
         verdict = "ok" if c.verdict == "ok" else ("FAIL" if c.in_use else "warn")

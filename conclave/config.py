@@ -108,6 +108,7 @@ class TelemetryConfig:
     enabled: bool = True
     path: str = ".conclave/events.ndjson"
     include_content: bool = False
+    otel: bool = False  # OpenTelemetry spans over OTLP (the extra conclave[otel]; OTEL_* variables)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ import structlog
 from structlog.typing import EventDict, WrappedLogger
 
 from conclave.redact import Redactor
+from conclave.tracing import NO_TRACER, Tracer, tracer_for
 
 if TYPE_CHECKING:
     from conclave.config import Config
@@ -106,7 +107,8 @@ class UtcStamp:
 
 
 class Telemetry:
-    """The event log. `Telemetry(None)` discards events (tests and benchmarks use it)."""
+    """The event log, and the tracer spans go to (`conclave.tracing`). `Telemetry(None)` discards
+    events (tests and benchmarks use it)."""
 
     def __init__(
         self,
@@ -114,8 +116,10 @@ class Telemetry:
         *,
         include_content: bool = False,
         secrets: Iterable[str] = (),
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self.path = Path(path) if path is not None else None
+        self.tracer = tracer
         self._redactor = Redactor(secrets)
         self._sink = _NdjsonSink(self.path, self._redactor)
         self._include_content = include_content
@@ -131,6 +135,7 @@ class Telemetry:
             config.telemetry.path if config.telemetry.enabled else None,
             include_content=config.telemetry.include_content,
             secrets=config.secrets.values(),
+            tracer=tracer_for(config.telemetry.otel),
         )
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -145,11 +150,16 @@ class Telemetry:
         self._sink.flush()
 
     @property
+    def include_content(self) -> bool:
+        return self._include_content
+
+    @property
     def redactor(self) -> Redactor:
         return self._redactor
 
     def close(self) -> None:
         self._sink.close()
+        self.tracer.shutdown()
 
     def _render(self, _logger: WrappedLogger, _name: str, event: EventDict) -> bytes:
         """Stamp, add the bound session, drop content unless asked, and serialize: one
@@ -176,7 +186,8 @@ _SESSION_ID: ContextVar[str | None] = ContextVar("conclave_session_id", default=
 _ALREADY_BOUND = nullcontext()
 # The caller's W3C trace (SPEC §8): its events carry the trace id, so they can be found from it.
 _TRACE_ID: ContextVar[str | None] = ContextVar("conclave_trace_id", default=None)
-_TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT: ContextVar[str | None] = ContextVar("conclave_traceparent", default=None)
+_TRACEPARENT_FORM = re.compile(r"\A[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def trace_id_of(traceparent: object) -> str | None:
@@ -184,23 +195,32 @@ def trace_id_of(traceparent: object) -> str | None:
     not one: a malformed header is ignored, as the recommendation asks, never an error."""
     if not isinstance(traceparent, str):
         return None
-    found = _TRACEPARENT.match(traceparent.strip())
+    found = _TRACEPARENT_FORM.match(traceparent.strip())
     if found is None or found.group(1) == "0" * 32 or traceparent.startswith("ff"):
         return None
     return found.group(1)
 
 
 @contextmanager
-def traced(trace_id: str | None) -> Iterator[None]:
-    """Stamp `trace_id` on every event emitted in this context (and tasks started in it)."""
-    if trace_id is None:
+def traced(traceparent: object) -> Iterator[None]:
+    """The caller's W3C trace for this context (and tasks started in it): its trace id on every
+    event, and its `traceparent` for the call's workflow span to hang from. A malformed one is
+    ignored."""
+    trace_id = trace_id_of(traceparent)
+    if trace_id is None or not isinstance(traceparent, str):
         yield
         return
-    token = _TRACE_ID.set(trace_id)
+    tokens = (_TRACE_ID.set(trace_id), _TRACEPARENT.set(traceparent.strip()))
     try:
         yield
     finally:
-        _TRACE_ID.reset(token)
+        _TRACE_ID.reset(tokens[0])
+        _TRACEPARENT.reset(tokens[1])
+
+
+def caller_traceparent() -> str | None:
+    """The caller's `traceparent`, when the call came with a valid one."""
+    return _TRACEPARENT.get()
 
 
 def session(session_id: str) -> AbstractContextManager[object]:

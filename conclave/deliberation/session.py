@@ -33,6 +33,7 @@ from conclave.deliberation.results import (
 )
 from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
+from conclave.telemetry import caller_traceparent
 from conclave.telemetry import session as bind_session
 from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
@@ -202,9 +203,20 @@ class Deliberation(Protocol[Result]):
 
 
 async def run_session(session: Session, deliberation: Deliberation[Result]) -> Result:
-    with bind_session(session.id):
+    tracer = session.runtime.telemetry.tracer
+    workflow: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_workflow",
+        "gen_ai.conversation.id": session.id,
+        "conclave.tool": session.tool,
+    }
+    with (
+        bind_session(session.id),
+        tracer.span(f"invoke_workflow {session.tool}", traceparent=caller_traceparent(), **workflow) as span,
+    ):
         try:
-            return await _run(session, deliberation)
+            result = await _run(session, deliberation)
+            span.set(**{"conclave.degraded": result.degraded, "conclave.dry_run": session.dry_run})
+            return result
         except anyio.get_cancelled_exc_class():
             # A cancelled call still closes its session, so nothing built on the log mistakes it
             # for a call still running.

@@ -83,6 +83,7 @@ class ProviderPool:
         return iter(self._clients.values())
 
     def _breaker_changed(self, name: str, state: BreakerState, failures: int) -> None:
+        self._telemetry.tracer.event(f"breaker_{state}", **{"conclave.provider": name})
         if state == "open":
             self._telemetry.emit(
                 "breaker_open",

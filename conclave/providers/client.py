@@ -34,7 +34,9 @@ from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion
 from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.records import record
+from conclave.redact import Redactor
 from conclave.telemetry import Telemetry
+from conclave.tracing import PROVIDER_NAMES
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -82,7 +84,42 @@ class ProviderClient:
         return self.entry.name
 
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
-        """Ask the model once (with retries), by `deadline` (a `clock()` instant)."""
+        """Ask the model once (with retries), by `deadline` (a `clock()` instant), in its
+        `chat {model}` span."""
+        chat: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER_NAMES.get(self.entry.kind, self.entry.kind),
+            "gen_ai.request.model": self.entry.model,
+            "gen_ai.request.max_tokens": request.max_tokens,
+            "conclave.provider": self.name,
+        }
+        tracer = self._telemetry.tracer
+        started = self._clock()
+        with tracer.span(f"chat {self.entry.model}", kind="client", **chat) as span:
+            try:
+                completion = await self._complete(request, deadline)
+            except ProviderError as exc:
+                span.fail(exc.code)
+                tracer.measure(self._clock() - started, 0, 0, **_metric(chat), **{"error.type": exc.code})
+                raise
+            usage = completion.usage
+            tracer.measure(self._clock() - started, usage.input_tokens, usage.output_tokens, **_metric(chat))
+            if self._telemetry.include_content:  # opt-in, as the conventions ask; redacted like the log
+                span.set(**_content(request, completion, self._telemetry.redactor))
+            span.set(
+                **{
+                    "gen_ai.response.model": completion.model,
+                    "gen_ai.response.id": completion.request_id,
+                    "gen_ai.response.finish_reasons": [completion.finish_reason],
+                    "gen_ai.usage.input_tokens": usage.input_tokens,
+                    "gen_ai.usage.output_tokens": usage.output_tokens,
+                    "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
+                    "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
+                }
+            )
+            return completion
+
+    async def _complete(self, request: CompletionRequest, deadline: float) -> Completion:
         started = self._clock()
         attempts = _Attempts(self, deadline)
         try:
@@ -331,6 +368,8 @@ class _Attempts:
 
     def _announce(self, exc: ProviderError, delay: float) -> None:
         client = self._client
+        retry = {"error.type": exc.code, "conclave.attempt": self.count, "conclave.delay_seconds": delay}
+        client._telemetry.tracer.event("retry", **retry)
         client._telemetry.emit(
             "provider_retry",
             provider=client.name,
@@ -369,3 +408,23 @@ def _json_or_none(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+
+
+def _metric(chat: dict[str, Any]) -> dict[str, Any]:
+    """The span's attributes the conventions put on the metrics too."""
+    keys = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+    return {key: chat[key] for key in keys}
+
+
+def _content(request: CompletionRequest, completion: Completion, redactor: Redactor) -> dict[str, str]:
+    """The conventions' opt-in content attributes, as JSON text, redacted."""
+    said = [{"role": m.role, "parts": [{"type": "text", "content": m.content}]} for m in request.messages]
+    answer = [{"role": "assistant", "parts": [{"type": "text", "content": completion.text}]}]
+    out = {
+        "gen_ai.input.messages": redactor.text(orjson.dumps(said).decode()),
+        "gen_ai.output.messages": redactor.text(orjson.dumps(answer).decode()),
+    }
+    if request.system:
+        system = [{"type": "text", "content": request.system}]
+        out["gen_ai.system_instructions"] = redactor.text(orjson.dumps(system).decode())
+    return out

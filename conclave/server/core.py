@@ -33,7 +33,7 @@ from conclave.server.jsonrpc import (
     to_rpc_error,
 )
 from conclave.server.surface import describe
-from conclave.telemetry import Telemetry, trace_id_of, traced
+from conclave.telemetry import Telemetry, traced
 
 if TYPE_CHECKING:
     from conclave.deliberation.session import ProgressSink
@@ -252,9 +252,9 @@ class Server:
             raise RpcError(INVALID_PARAMS, "Invalid params: tools/call arguments must be an object")
         tool = tool_spec(name)
         meta = params.get("_meta")
-        trace = trace_id_of(meta.get("traceparent")) if isinstance(meta, dict) else None
+        traceparent = meta.get("traceparent") if isinstance(meta, dict) else None
         try:
-            with traced(trace):
+            with traced(traceparent):
                 result = await self.run_tool(tool, arguments, progress)
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")

@@ -34,7 +34,7 @@ from conclave.server.jsonrpc import (
     to_rpc_error,
 )
 from conclave.server.lifecycle import serving
-from conclave.telemetry import trace_id_of, traced
+from conclave.telemetry import traced
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -175,7 +175,7 @@ async def _exchange(
         refusal = _check_headers(request, message) if stateless else _check_handshake_version(request)
         if refusal is not None:
             return _json(error_response(request_id_of(message), refusal.error), status=refusal.status)
-    with traced(trace_id_of(request.headers.get("traceparent"))):  # _meta's, if any, comes first
+    with traced(request.headers.get("traceparent")):  # _meta's, if any, comes first
         return await _answer(server, request, message, notifications_status, stateless)
 
 

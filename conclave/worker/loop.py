@@ -134,7 +134,15 @@ class WorkerLoop:
             raise ValueError(f"worker tools outside the allowlist: {unknown}")
         started = time.perf_counter()
         mode: ToolMode = "tags" if self.tags_only(turn.provider.name) else turn.tool_mode
-        with session(turn.session_id):
+        agent: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": turn.provider.name,
+            "conclave.role": turn.role,
+        }
+        with (
+            session(turn.session_id),
+            self._telemetry.tracer.span(f"invoke_agent {turn.provider.name}", **agent) as span,
+        ):
             state = await self._drive(turn, mode)
             # Only a first call is re-run: a refusal after native hops is a broken history, and
             # what those hops cost must not be spent twice.
@@ -142,6 +150,9 @@ class WorkerLoop:
                 self._tags_only.add(turn.provider.name)
                 state = await self._drive(turn, "tags")
                 state.outcome.warnings.append("native_tools_unsupported")
+            span.set(**{"conclave.hops": state.outcome.hops, "conclave.tool_mode": state.encoding.mode})
+            if state.outcome.error is not None:
+                span.fail(state.outcome.error.code)
         state.outcome.latency_ms = (time.perf_counter() - started) * 1000.0
         state.outcome.cost_cap = state.cost.report() if turn.tools else None
         state.outcome.tool_mode = state.encoding.mode if turn.tools else None
@@ -215,6 +226,23 @@ class WorkerLoop:
     # -- the tool call, checked in SPEC order ------------------------------------------------------
 
     async def _dispatch(
+        self, state: _TurnState, call: Call, hop: int, nonce: str, over_budget: ToolRefused | None
+    ) -> tuple[InnerCall, str]:
+        """One call, run or refused, in its `execute_tool` span (a refusal's reason is its error)."""
+        tool: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "conclave.hop": hop,
+        }
+        if call.id:
+            tool["gen_ai.tool.call.id"] = call.id
+        with self._telemetry.tracer.span(f"execute_tool {call.name or 'tool_call'}", **tool) as span:
+            inner, said = await self._run_call(state, call, hop, nonce, over_budget)
+            if inner.status != "ok":
+                span.fail(inner.reason or inner.status)
+            return inner, said
+
+    async def _run_call(
         self, state: _TurnState, call: Call, hop: int, nonce: str, over_budget: ToolRefused | None
     ) -> tuple[InnerCall, str]:
         name = call.name
