@@ -62,19 +62,28 @@ class _Confer:
         return {"providers": list(self.providers), "question": self.session.args["question"]}
 
     async def deliberate(self) -> ConferResult:
+        answers = await self._answers()
+        peer_review, synthesis = await self._stages(answers)
+        return self._result(answers, peer_review, synthesis)
+
+    async def _answers(self) -> list[Answer]:
         done: dict[str, Answer] = {}
         async with anyio.create_task_group() as group:
             group.cancel_scope.deadline = self.session.deadline  # members still out then are timed out
             for name in self.providers:
                 group.start_soon(self._ask, name, done)
         config, elapsed = self.session.runtime.config, self.session.elapsed_ms()
-        answers = [
+        return [
             done.get(name) or timed_out(name, config.providers[name].model, elapsed)
             for name in self.providers
         ]
+
+    async def _stages(self, answers: list[Answer]) -> tuple[Review | None, RoleAnswer | None]:
+        """The review and the synthesis the call asked for, within its deadline: what is still
+        out then is missing, and says so."""
         peer_review: Review | None = None
         synthesis: RoleAnswer | None = None
-        with anyio.CancelScope(deadline=self.session.deadline):  # what is out at the deadline is missing
+        with anyio.CancelScope(deadline=self.session.deadline):
             if self.reviewing:
                 await self._review(answers)
                 peer_review = self._review_block(answers)
@@ -83,8 +92,9 @@ class _Confer:
             peer_review = self._review_block(answers)  # the rankings that ended in time
             self._time_out_missing_reviewers(answers)
         if self.synthesizing and synthesis is None:
-            synthesis = self.turns.timed_out("synthesizer", synthesizer_chain(None, config.roles)[0])
-        return self._result(answers, peer_review, synthesis)
+            chair = synthesizer_chain(None, self.session.runtime.config.roles)[0]
+            synthesis = self.turns.timed_out("synthesizer", chair)
+        return peer_review, synthesis
 
     # -- the review: every member that answered ranks the others, blind ---------------------------------
 
