@@ -79,6 +79,8 @@ def make_contender(
         return ServeStdio(point, config, log)
     if name == "conclave-http":
         return ServeHttp(point, config, log)
+    if name == "conclave-http-w2":  # `serve --http --workers 2`: a process per core (bench.scaleout)
+        return ServeHttp(point, config, log, "--workers", "2")
     if name == "raw-aiohttp":
         return RawAiohttp(point, urls["openai"])
     if name == "litellm":
@@ -125,10 +127,18 @@ def process_peak_rss_bytes(pid: int) -> int:
 
 
 def process_cpu_seconds(pid: int) -> float:
+    """The process's CPU time and its children's, running (`serve --workers`) or ended."""
     import psutil
 
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system + times.children_user + times.children_system)
+    process = psutil.Process(pid)
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 # --------------------------------------------------------------------------- Conclave, in process
@@ -309,8 +319,9 @@ class ServeHttp(_Served):
     name = "conclave-http"
     BOUND = re.compile(r"serving MCP on (http://\S+)/mcp")
 
-    def __init__(self, point: Point, config: Path, log: Path) -> None:
+    def __init__(self, point: Point, config: Path, log: Path, *serve_args: str) -> None:
         super().__init__(point, config, log)
+        self.serve_args = serve_args
         self.url = ""
         self.session: Any = None
         self._drain: asyncio.Task[None] | None = None
@@ -319,7 +330,7 @@ class ServeHttp(_Served):
         import aiohttp
 
         self.proc = await asyncio.create_subprocess_exec(
-            *serve_command(self.config_path, "--http", "127.0.0.1:0"),
+            *serve_command(self.config_path, "--http", "127.0.0.1:0", *self.serve_args),
             env=bench_env(os.environ),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,

@@ -52,12 +52,7 @@ class CircuitBreaker:
             self._trial_in_flight = True
             return
         remaining = max(self._cooldown - (self._clock() - self._opened_at), 0.0)
-        raise BreakerOpen(
-            f"{self.subject} {self.name!r} is failing: circuit breaker open after "
-            f"{self._failures} consecutive failures; next trial in {remaining:.1f}s",
-            provider=self.name,
-            retry_after=remaining,
-        )
+        raise breaker_open(self.subject, self.name, self._failures, remaining)
 
     def record_success(self) -> None:
         self._failures = 0
@@ -82,3 +77,13 @@ class CircuitBreaker:
             self._state = state
             if self._on_change is not None:
                 self._on_change(self.name, state, self._failures)
+
+
+def breaker_open(subject: str, name: str, failures: int, remaining: float) -> BreakerOpen:
+    """The refusal of a call while `name`'s breaker is open: who, why, and when to try again."""
+    return BreakerOpen(
+        f"{subject} {name!r} is failing: circuit breaker open after "
+        f"{failures} consecutive failures; next trial in {remaining:.1f}s",
+        provider=name,
+        retry_after=remaining,
+    )

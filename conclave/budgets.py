@@ -38,6 +38,15 @@ class EgressBudget:
                 f"egress budget exhausted: {self.used_bytes} of {self.max_bytes} bytes used this session"
             )
 
+    async def take_request(self) -> None:
+        """Spend one request, or refuse it when either limit is reached. Async because a shared
+        budget (SPEC §10) does this in one atomic step on the state backend."""
+        self.check_request()
+        self.record_request()
+
+    async def add_bytes(self, count: int) -> None:
+        self.record_bytes(count)
+
     def bytes_left(self) -> int:
         return max(self.max_bytes - self.used_bytes, 0)
 

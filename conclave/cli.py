@@ -219,7 +219,22 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve MCP Streamable HTTP on /mcp and JSON-RPC on /rpc instead of stdio (e.g. 127.0.0.1:8765)",
     )
+    serve.add_argument(
+        "--workers",
+        type=_worker_count,
+        default=1,
+        metavar="N",
+        help="with --http: N processes accepting on the one port (they share state only through "
+        "Redis: state.backend)",
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a worker of --workers
     serve.set_defaults(handler=cmd_serve)
+
+
+def _worker_count(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to 64, got {value!r}")
+    return int(value)
 
 
 def _line_count(value: str) -> int | None:
@@ -287,21 +302,25 @@ def _key_cell(row: dict[str, Any]) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     config = _load(args)
-    checks = anyio.run(_doctor, config, args.simulated, args.timeout)
+    checks, state_ok, state_line = anyio.run(_doctor, config, args.simulated, args.timeout)
     if args.json:
         payload = [_check_dict(c) for c in checks]
         sys.stdout.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        _print_doctor(config, checks, args.simulated)
-    return 1 if any(c.broken for c in checks) else 0
+        _print_doctor(config, checks, args.simulated, state_line)
+    if not state_ok:
+        print(f"conclave doctor: state: {state_line}", file=sys.stderr)
+    return 1 if any(c.broken for c in checks) or not state_ok else 0
 
 
-async def _doctor(config: Config, simulated: bool, seconds: float) -> list[ProviderCheck]:
+async def _doctor(config: Config, simulated: bool, seconds: float) -> tuple[list[ProviderCheck], bool, str]:
+    """The providers' checks, and whether the state backend works, with a line about it."""
     from conclave.doctor import check_providers
     from conclave.runtime import open_runtime
 
     async with _maybe_simulated(config, simulated) as effective, open_runtime(effective) as rt:
-        return await check_providers(rt, timeout_seconds=seconds)
+        state_ok, state_line = await rt.state.health()
+        return await check_providers(rt, timeout_seconds=seconds), state_ok, state_line
 
 
 @contextlib.asynccontextmanager
@@ -341,10 +360,11 @@ def _tracing_line(config: Config) -> str:
     return f"OpenTelemetry spans over OTLP/HTTP to {endpoint}, service {service}"
 
 
-def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool) -> None:
+def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool, state_line: str) -> None:
     label = " [SIMULATED PANEL: no real provider is called]" if simulated else ""
     print(f"config: {config.source} (valid){label}")
     print(f"tracing: {_tracing_line(config)}")
+    print(f"state: {state_line}")
     table = [["PROVIDER", "KIND", "MODEL", "USED", "VERDICT", "DETAIL"]]
     for c in checks:
         verdict = "ok" if c.verdict == "ok" else ("FAIL" if c.in_use else "warn")
@@ -538,6 +558,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args)
     if args.http is None:
+        if args.workers > 1:
+            print("conclave serve: --workers needs --http HOST:PORT (stdio has one client)", file=sys.stderr)
+            return 2
         _serve_until_interrupted(server.serve_stdio, config)
         return 0
     try:
@@ -551,8 +574,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "anyone who can connect can spend your provider keys. Prefer 127.0.0.1.",
             file=sys.stderr,
         )
-    _serve_until_interrupted(server.serve_http, config, host, port)
+    if args.workers > 1:
+        return _serve_workers(args, host, port)
+    _serve_until_interrupted(server.serve_http, config, host, port, args.reuse_port)
     return 0
+
+
+def _serve_workers(args: argparse.Namespace, host: str, port: int) -> int:
+    from conclave.server.workers import Supervisor, reuse_port_available
+
+    if not reuse_port_available():
+        print(
+            "conclave serve: --workers needs SO_REUSEPORT, which this platform lacks; run one "
+            "`conclave serve --http` per port behind a load balancer instead",
+            file=sys.stderr,
+        )
+        return 2
+    passed = [*(["--config", args.config] if args.config else []), *(f"--set={o}" for o in args.overrides)]
+    try:
+        supervisor = Supervisor(host, port, args.workers, passed)
+    except OSError as exc:
+        print(f"conclave serve: --http {args.http!r}: cannot bind: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return supervisor.run()
 
 
 def _serve_until_interrupted(function: Callable[..., Awaitable[None]], *args: Any) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -126,6 +127,17 @@ class ServerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Where state that outlives one call lives (SPEC §10): this process's memory, or a Redis
+    shared by every replica. The URL may carry a password, so it is never shown whole."""
+
+    backend: str = "memory"  # memory | redis
+    redis_url: str | None = None  # CONCLAVE_REDIS_URL wins; a password belongs only there
+    namespace: str = "conclave"  # key prefix: replicas that share state share it
+    lease_seconds: float = 15.0  # a dead replica's slots and claims are freed after this
+
+
+@dataclass(frozen=True, slots=True)
 class TasksConfig:
     ttl_seconds: int = 3600  # a finished task's result is kept this long after its creation
     poll_interval_ms: int = 2000  # what clients are asked to wait between polls
@@ -164,6 +176,7 @@ class Config:
     secrets: Secrets = field(repr=False, compare=False)
     server: ServerConfig = field(default_factory=ServerConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    state: StateConfig = field(default_factory=StateConfig)
 
     def api_key(self, provider: str) -> str | None:
         return self.secrets.get(self.providers[provider].api_key_env)
@@ -174,6 +187,7 @@ class Config:
 
 
 CONFIG_SCHEMA = "config.schema.json"
+REDIS_URL_ENV = "CONCLAVE_REDIS_URL"
 
 
 def find_config_file(cli_path: str | None, env: Mapping[str, str]) -> Path:
@@ -232,9 +246,23 @@ def load_config(
     _apply_env_overrides(raw, environ)
     for item in overrides:
         _apply_override(raw, item)
-    _validate(raw, path)
     keys = {**(read_dotenv(dotenv) if dotenv else {}), **environ}
+    _check_redis_url(raw, path)
+    if url := keys.get(REDIS_URL_ENV):  # after the check: the variable may carry a password
+        raw.setdefault("state", {})["redis_url"] = url
+    _validate(raw, path)
     return _build(raw, str(path), keys)
+
+
+def _check_redis_url(raw: dict[str, Any], path: Path) -> None:
+    """A password in a config file would end up in the repository; it belongs in the variable."""
+    state = raw.get("state")
+    url = state.get("redis_url") if isinstance(state, dict) else None
+    if isinstance(url, str) and _password(url):
+        raise ConfigError(
+            f"config: state.redis_url carries a password; put the whole URL in the environment "
+            f"variable {REDIS_URL_ENV} (or .env) instead (in {path})"
+        )
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -389,7 +417,6 @@ def _check_references(raw: dict[str, Any], path: Path) -> None:
 def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
     providers = {name: _provider(name, entry) for name, entry in raw.get("providers", {}).items()}
     panel = tuple(raw.get("panel", list(providers)[:3]))
-    wanted = {p.api_key_env for p in providers.values() if p.api_key_env}
     return Config(
         providers=providers,
         panel=panel,
@@ -401,10 +428,27 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         telemetry=TelemetryConfig(**raw.get("telemetry", {})),
         transcripts=TranscriptsConfig(**raw.get("transcripts", {})),
         source=source,
-        secrets=Secrets({name: keys[name] for name in wanted if name in keys}),
+        secrets=_secrets(providers, keys),
         server=ServerConfig(**raw.get("server", {})),
         tasks=TasksConfig(**raw.get("tasks", {})),
+        state=StateConfig(**raw.get("state", {})),
     )
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None  # not a URL at all: the schema check says so
+
+
+def _secrets(providers: Mapping[str, ProviderConfig], keys: Mapping[str, str]) -> Secrets:
+    """The API keys the providers name, and the Redis password, so the log redacts them all."""
+    wanted = {p.api_key_env for p in providers.values() if p.api_key_env}
+    values = {name: keys[name] for name in wanted if name in keys}
+    if (password := _password(keys.get(REDIS_URL_ENV, ""))) is not None:
+        values[f"{REDIS_URL_ENV} password"] = password
+    return Secrets(values)
 
 
 def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:

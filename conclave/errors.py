@@ -16,7 +16,8 @@
     │   └── ToolRefused              a policy said no (fetch_blocked, egress budget, ...)
     └── CallerError                  the caller: invalid params, budgets exceeded
         ├── InvalidArguments         failed its input schema; carries the failing JSON path
-        └── UnknownTool
+        ├── UnknownTool
+        └── SessionInFlight          the session id is a call's still running
 
 Foreign exceptions (httpx, aiohttp, json) are translated into this tree in exactly one
 place, the provider layer (`conclave.providers.client`), always `raise ... from exc`.
@@ -164,3 +165,9 @@ class InvalidArguments(CallerError):
 
 class UnknownTool(CallerError):
     code = "unknown_tool"
+
+
+class SessionInFlight(CallerError):
+    """A call named a session id that a call still running (on any replica) has."""
+
+    code = "session_in_flight"

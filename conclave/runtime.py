@@ -14,6 +14,7 @@ from conclave.config import Config
 from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.http import ProviderTransport, make_http_client
 from conclave.providers import ProviderPool
+from conclave.state import StateBackend, open_state
 from conclave.telemetry import Telemetry
 from conclave.tools import ToolContext, ToolRegistry, build_registry
 from conclave.worker.loop import WorkerLoop
@@ -28,6 +29,7 @@ class Runtime:
     tools: ToolRegistry
     tool_context: ToolContext
     worker: WorkerLoop
+    state: StateBackend
     transcripts: TranscriptWriter | None = None
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -42,10 +44,11 @@ async def open_runtime(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     telemetry: Telemetry | None = None,
+    state: StateBackend | None = None,
     **tool_options: Any,
 ) -> AsyncIterator[Runtime]:
     """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`). A `telemetry`
-    passed in stays open afterwards: whoever opened it closes it."""
+    or a `state` passed in stays open afterwards: whoever opened it closes it."""
     owns_telemetry = telemetry is None
     telemetry = telemetry or Telemetry.for_config(config)
     http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
@@ -56,14 +59,17 @@ async def open_runtime(
     )
     provider_transport = transport or ProviderTransport(max_connections=config.limits.max_concurrency * 4)
     try:
-        async with http, provider_transport:
+        async with http, provider_transport, _state(config, telemetry, state) as shared:
             tools = build_registry()
-            tool_context = ToolContext(config, http, telemetry, **tool_options)
+            tool_context = ToolContext(config, http, telemetry, state=shared, **tool_options)
             yield Runtime(
                 config=config,
                 http=http,
                 telemetry=telemetry,
-                providers=ProviderPool(config, http=http, telemetry=telemetry, transport=provider_transport),
+                providers=ProviderPool(
+                    config, http=http, telemetry=telemetry, transport=provider_transport, state=shared
+                ),
+                state=shared,
                 tools=tools,
                 tool_context=tool_context,
                 transcripts=writer,
@@ -79,3 +85,14 @@ async def open_runtime(
             writer.close()
         if owns_telemetry:
             telemetry.close()
+
+
+@contextlib.asynccontextmanager
+async def _state(
+    config: Config, telemetry: Telemetry, given: StateBackend | None
+) -> AsyncIterator[StateBackend]:
+    if given is not None:
+        yield given
+        return
+    async with open_state(config, telemetry) as state:
+        yield state

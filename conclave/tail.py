@@ -34,9 +34,12 @@ _ALARMS = frozenset(
         "worker_hop_budget_exhausted",
         "role_envelope_invalid",
         "rpc_error",
+        "state_backend_unavailable",
     }
 )
-_NOTICES = frozenset({"provider_retry", "worker_tool_cost_warning", "breaker_closed"})
+_NOTICES = frozenset(
+    {"provider_retry", "worker_tool_cost_warning", "breaker_closed", "state_backend_restored"}
+)
 _HEADER_FIELDS = frozenset({"ts", "event", "session_id", "provider", "role"})
 
 
@@ -226,6 +229,8 @@ _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], Style], list[str]]] = {
     "egress_budget_exhausted": _fields("tool", "used_bytes", "max_bytes", "requests", "max_requests"),
     "role_envelope_invalid": _fields("round", "attempt", "final", "error"),
     "canary_leak": _fields("what"),
+    "state_backend_unavailable": _fields("backend", "error", "fallback"),
+    "state_backend_restored": _fields("backend", "outage_seconds"),
 }
 
 

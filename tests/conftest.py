@@ -15,6 +15,7 @@ import yaml
 
 from conclave.config import Config, load_config
 from conclave.schemas import first_error
+from tests.redis_server import RedisServer
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
@@ -133,3 +134,14 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real Redis on a loopback port for the test; skipped (loudly) where none is installed."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

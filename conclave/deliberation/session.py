@@ -11,10 +11,11 @@ and closes the session in the event log when the call is cancelled.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +32,7 @@ from conclave.deliberation.results import (
     CostCapSummary,
     ToolUseSummary,
 )
+from conclave.errors import SessionInFlight
 from conclave.messages import Message, Usage
 from conclave.runtime import Runtime
 from conclave.telemetry import caller_traceparent
@@ -214,7 +216,8 @@ async def run_session(session: Session, deliberation: Deliberation[Result]) -> R
         tracer.span(f"invoke_workflow {session.tool}", traceparent=caller_traceparent(), **workflow) as span,
     ):
         try:
-            result = await _run(session, deliberation)
+            async with _claimed(session):
+                result = await _run(session, deliberation)
             span.set(**{"conclave.degraded": result.degraded, "conclave.dry_run": session.dry_run})
             return result
         except anyio.get_cancelled_exc_class():
@@ -222,6 +225,27 @@ async def run_session(session: Session, deliberation: Deliberation[Result]) -> R
             # for a call still running.
             _end(session, "cancelled", Usage(), duration_ms=session.elapsed_ms())
             raise
+
+
+@contextlib.asynccontextmanager
+async def _claimed(session: Session) -> AsyncIterator[None]:
+    """A session id the caller chose is this call's alone while it runs, on every replica
+    sharing state: two calls under one id would share an egress budget and a transcript.
+    Generated ids are unique already."""
+    if "session_id" not in session.args:
+        yield
+        return
+    sessions = session.runtime.state.sessions
+    if not await sessions.claim(session.id):
+        raise SessionInFlight(
+            f"session_id {session.id!r} belongs to a call still running; wait for it to end, "
+            "or use another session_id"
+        )
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True):
+            await sessions.release(session.id)
 
 
 async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import anyio
 import httpx
 
-from conclave.breaker import BreakerState, CircuitBreaker, Clock
+from conclave.breaker import BreakerState, Clock
 from conclave.config import Config
 from conclave.errors import ConfigError
 from conclave.http import transport_of
@@ -19,6 +19,8 @@ from conclave.providers.base import Adapter
 from conclave.providers.client import ProviderClient, Sleep
 from conclave.providers.gemini import GeminiAdapter
 from conclave.providers.openai import OpenAIAdapter
+from conclave.state import StateBackend
+from conclave.state.memory import MemoryState
 from conclave.telemetry import Telemetry
 
 ADAPTERS: dict[str, Adapter] = {
@@ -29,7 +31,8 @@ __all__ = ["ADAPTERS", "ProviderClient", "ProviderPool"]
 
 
 class ProviderPool:
-    """Every configured provider as a `ProviderClient`, sharing one HTTP client and limiter."""
+    """Every configured provider as a `ProviderClient`, sharing one HTTP client, and the
+    breakers and concurrency limit of the state backend (this process's memory by default)."""
 
     def __init__(
         self,
@@ -38,33 +41,24 @@ class ProviderPool:
         http: httpx.AsyncClient,
         telemetry: Telemetry,
         transport: httpx.AsyncBaseTransport | None = None,
+        state: StateBackend | None = None,
         clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self.config = config
         self._telemetry = telemetry
-        # A semaphore, not a CapacityLimiter: nothing here needs to know which task holds a
-        # slot. `fast_acquire`: a free slot is taken without yielding, as the exchange after it
-        # yields anyway.
-        slots = config.limits.max_concurrency
-        limiter = anyio.Semaphore(slots, max_value=slots, fast_acquire=True)
+        self.state = state or MemoryState(config, clock=clock)
         self._clients = {
             name: ProviderClient(
                 entry,
                 ADAPTERS[entry.kind],
                 transport=transport or transport_of(http),
                 api_key=config.api_key(name),
-                breaker=CircuitBreaker(
-                    name,
-                    failure_threshold=config.breakers.failure_threshold,
-                    cooldown_seconds=config.breakers.cooldown_seconds,
-                    clock=clock,
-                    on_change=self._breaker_changed,
-                ),
+                breaker=self.state.breaker(name, self._breaker_changed),
                 retry=config.limits.retry,
                 telemetry=telemetry,
-                limiter=limiter,
+                slots=self.state.slots,
                 clock=clock,
                 sleep=sleep,
                 jitter=jitter,

@@ -16,7 +16,7 @@ import anyio
 import httpx
 import orjson
 
-from conclave.breaker import CircuitBreaker, Clock
+from conclave.breaker import Clock
 from conclave.config import ProviderConfig, RetryConfig
 from conclave.errors import (
     DeadlineExceeded,
@@ -35,6 +35,7 @@ from conclave.providers.pricing import cost_usd
 from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.records import record
 from conclave.redact import Redactor
+from conclave.state.base import Breaker, Slots
 from conclave.telemetry import Telemetry
 from conclave.tracing import PROVIDER_NAMES
 
@@ -55,10 +56,10 @@ class ProviderClient:
         *,
         transport: httpx.AsyncBaseTransport,
         api_key: str | None,
-        breaker: CircuitBreaker,
+        breaker: Breaker,
         retry: RetryConfig,
         telemetry: Telemetry,
-        limiter: anyio.Semaphore,
+        slots: Slots,
         clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
         jitter: Callable[[], float] = random.random,
@@ -74,7 +75,7 @@ class ProviderClient:
         self._endpoint = adapter.endpoint(entry, api_key)
         self._retry = retry
         self._telemetry = telemetry
-        self._limiter = limiter
+        self._slots = slots
         self._clock = clock
         self._sleep = sleep
         self._jitter = jitter
@@ -124,18 +125,18 @@ class ProviderClient:
         attempts = _Attempts(self, deadline)
         try:
             self._require_key()
-            self.breaker.check()
+            await self.breaker.check()
             wire = _Outgoing.encode(self._endpoint, self.adapter.body(request, self.entry))
             parsed = await attempts.run(wire)
         except ProviderError as exc:
             final = attempts.give_up(exc)
             final.provider = self.name
-            self._settle_breaker(final)
+            await self._settle_breaker(final)
             self._emit_call(started, attempts.count, error=final)
             if final is exc:
                 raise
             raise final from exc
-        self.breaker.record_success()
+        await self.breaker.record_success()
         completion = self._finish(parsed, started, attempts.count)
         self._emit_call(started, attempts.count, completion=completion)
         return completion
@@ -157,11 +158,11 @@ class ProviderClient:
         budget = min(remaining, self._retry.attempt_timeout_seconds)
         slot_asked = self._clock()
         try:
-            await self._take_slot(budget)
+            await self._slots.acquire(budget)
             try:  # the wait for the slot came out of the budget
                 status, headers, body = await self._post(wire, budget - (self._clock() - slot_asked))
             finally:
-                self._limiter.release()
+                self._slots.release()
         except TimeoutError:
             if budget < remaining:
                 raise ProviderTimeout(f"no answer within {budget:.1f}s", provider=self.name) from None
@@ -169,15 +170,6 @@ class ProviderClient:
                 f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
             ) from None
         return self._read(status, headers, body)
-
-    async def _take_slot(self, seconds: float) -> None:
-        """One of the provider's concurrency slots: at once when one is free, else waited for at
-        most `seconds` (TimeoutError)."""
-        try:
-            self._limiter.acquire_nowait()
-        except anyio.WouldBlock:
-            with anyio.fail_after(seconds):
-                await self._limiter.acquire()
 
     def _transport_failure(self, exc: httpx.HTTPError) -> ProviderError:
         failure = classify_transport_error(exc)
@@ -274,12 +266,12 @@ class ProviderClient:
             echo=parsed.echo,
         )
 
-    def _settle_breaker(self, exc: ProviderError) -> None:
+    async def _settle_breaker(self, exc: ProviderError) -> None:
         """Only the provider's own failures count against it; a 400 or a missing key do not."""
         if isinstance(exc, TransientProviderError | MalformedResponse | DeadlineExceeded):
-            self.breaker.record_failure()
+            await self.breaker.record_failure()
         elif isinstance(exc, PermanentProviderError):
-            self.breaker.release()
+            await self.breaker.release()
 
     def _emit_call(
         self,

@@ -12,8 +12,9 @@ async def serve_stdio(config: Config) -> None:
     await run_stdio(config)
 
 
-async def serve_http(config: Config, host: str, port: int) -> None:
-    """Serve MCP Streamable HTTP on /mcp and plain JSON-RPC on POST /rpc until cancelled."""
+async def serve_http(config: Config, host: str, port: int, reuse_port: bool = False) -> None:
+    """Serve MCP Streamable HTTP on /mcp and plain JSON-RPC on POST /rpc until cancelled;
+    `reuse_port`: beside the other workers of `serve --workers` (SO_REUSEPORT)."""
     from conclave.server.http import run_http
 
-    await run_http(config, host, port)
+    await run_http(config, host, port, reuse_port=reuse_port)

@@ -174,7 +174,7 @@ class Server:
                 return self._start_task(self.tasks, params)
             return eras.complete(await self._call_tool(params, self._progress_sink(params, send)))
         if method in eras.TASK_METHODS:
-            return eras.complete(self._task_method(method, params, context))
+            return eras.complete(await self._task_method(method, params, context))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method} (revision {context.version})")
 
     @staticmethod
@@ -191,16 +191,18 @@ class Server:
         task = store.create(work)
         return eras.complete({**task.to_wire(), "resultType": "task"})
 
-    def _task_method(self, method: str, params: dict[str, Any], context: eras.Stateless) -> dict[str, Any]:
+    async def _task_method(
+        self, method: str, params: dict[str, Any], context: eras.Stateless
+    ) -> dict[str, Any]:
         if not context.declares_extension(eras.TASKS_EXTENSION):
             raise eras.missing_extension(eras.TASKS_EXTENSION, method)
         if self.tasks is None:  # this process keeps no tasks, so it knows none
             raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: no task {params.get('taskId')!r}")
         if method == "tasks/cancel":
-            self.tasks.cancel(params)
+            await self.tasks.cancel(params)
             return {}
-        task = self.tasks.get(params)
-        return task.to_wire() if method == "tasks/get" else {}  # tasks/update: nothing is ever asked
+        task = await self.tasks.find(params)
+        return task if method == "tasks/get" else {}  # tasks/update: nothing is ever asked
 
     def task_error(self, exc: BaseException) -> dict[str, Any]:
         """The JSON-RPC error body of a task whose call failed, as the call itself would have."""

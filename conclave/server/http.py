@@ -40,12 +40,12 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-async def run_http(config: Config, host: str, port: int) -> None:
+async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = False) -> None:
     async with serving(config) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
         runner = web.AppRunner(build_app(server, bound_host=host), access_log=None, handler_cancellation=True)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
         print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)

@@ -120,7 +120,7 @@ def to_rpc_error(exc: BaseException, *, method: str, telemetry: Telemetry) -> Rp
     elif isinstance(exc, ToolError):
         error = RpcError(TOOL_FAILED, exc.message, {"reason": exc.reason, "message": exc.message})
     elif isinstance(exc, CallerError):
-        error = RpcError(INVALID_PARAMS, str(exc))
+        error = RpcError(INVALID_PARAMS, str(exc), {"reason": exc.code})
     else:
         error_id = uuid.uuid4().hex[:16]
         trace = "".join(traceback.format_exception(exc))

@@ -21,6 +21,7 @@ from conclave.config import Config
 from conclave.gcpolicy import serving_gc
 from conclave.server.core import Server
 from conclave.server.tasks import TaskStore
+from conclave.state import StateBackend, open_state
 from conclave.telemetry import Telemetry
 
 # The heavy half of the server. Imported on a worker thread: the import lock keeps it safe, and
@@ -37,12 +38,13 @@ async def serving(config: Config) -> AsyncIterator[Server]:
     failure: list[Exception] = []
     try:
         async with (
+            open_state(config, telemetry) as state,
             anyio.create_task_group() as group,
-            TaskStore.running(config.tasks, server.task_error) as tasks,
+            TaskStore.running(config.tasks, server.task_error, state.tasks) as tasks,
         ):
             server.tasks = tasks
             done = anyio.Event()
-            group.start_soon(_hold_runtime, config, server, done, failure, group.cancel_scope)
+            group.start_soon(_hold_runtime, config, server, state, done, failure, group.cancel_scope)
             try:
                 yield server
             finally:
@@ -56,6 +58,7 @@ async def serving(config: Config) -> AsyncIterator[Server]:
 async def _hold_runtime(
     config: Config,
     server: Server,
+    state: StateBackend,
     done: anyio.Event,
     failure: list[Exception],
     serving_scope: anyio.CancelScope,
@@ -66,7 +69,7 @@ async def _hold_runtime(
             return
         from conclave.runtime import open_runtime
 
-        async with open_runtime(config, telemetry=server.telemetry) as runtime:
+        async with open_runtime(config, telemetry=server.telemetry, state=state) as runtime:
             server.attach(runtime)
             serving_gc()  # start-up is done: this process is a server now
             await done.wait()

@@ -1,5 +1,6 @@
 """What tool handlers are handed: the config, the shared HTTP client, the event log, and the
-state that outlives one call (egress budgets per session, breakers per fetched host)."""
+state that outlives one call (egress budgets per session, from the state backend; breakers
+per fetched host, which stay this process's own)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import anyio
 import httpx
 
 from conclave.breaker import CircuitBreaker, Clock
-from conclave.budgets import EgressLedger
+from conclave.budgets import EgressBudget
 from conclave.config import Config
+from conclave.state.base import StateBackend
+from conclave.state.memory import MemoryState
 from conclave.telemetry import Telemetry
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -39,12 +42,17 @@ class ToolContext:
     telemetry: Telemetry
     resolver: Resolver = system_resolver
     clock: Clock = time.monotonic
-    egress: EgressLedger = field(init=False)
+    state: StateBackend | None = None  # None: this process's memory
     _host_breakers: dict[str, CircuitBreaker] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        policy = self.config.fetch
-        self.egress = EgressLedger(policy.session_max_bytes, policy.session_max_requests)
+        if self.state is None:
+            self.state = MemoryState(self.config, clock=self.clock)
+
+    def egress(self, session_id: str | None) -> EgressBudget:
+        """The session's egress budget (SPEC §3), shared by replicas with the Redis backend."""
+        assert self.state is not None
+        return self.state.egress(session_id)
 
     def host_breaker(self, host: str) -> CircuitBreaker:
         breaker = self._host_breakers.get(host)

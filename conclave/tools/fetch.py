@@ -65,7 +65,7 @@ async def fetch(args: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     policy = ctx.config.fetch
     url = str(args["url"])
     limit = min(int(args.get("max_bytes") or policy.max_bytes), policy.max_bytes)
-    budget = ctx.egress.for_session(args.get("session_id"))
+    budget = ctx.egress(args.get("session_id"))
     started = ctx.clock()
     try:
         with anyio.fail_after(policy.total_timeout_seconds):
@@ -114,13 +114,12 @@ async def _follow(url: str, limit: int, budget: EgressBudget, ctx: ToolContext) 
     for redirects in range(policy.max_redirects + 1):
         address = await _vet(target, ctx)
         breaker = _breaker(ctx, target.host)
-        budget.check_request()
-        budget.record_request()
+        await budget.take_request()
         location, body = await _exchange(
             target, address, credentials, min(limit, budget.bytes_left()), ctx, breaker
         )
         if location is None:
-            budget.record_bytes(len(body.data))
+            await budget.add_bytes(len(body.data))
             return target, body, redirects
         following = guard_parse_url(urljoin(target.url(), location), allow_ports=policy.allow_ports)
         if origin_changed(target, following):

@@ -1,0 +1,55 @@
+"""Opening the backend the config names."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+from conclave.breaker import Clock
+from conclave.config import Config
+from conclave.errors import ConfigError
+from conclave.state.base import StateBackend
+from conclave.state.memory import MemoryState
+from conclave.telemetry import Telemetry
+
+
+@contextlib.asynccontextmanager
+async def open_state(
+    config: Config, telemetry: Telemetry, *, clock: Clock = time.monotonic
+) -> AsyncIterator[StateBackend]:
+    if config.state.backend != "redis":
+        yield MemoryState(config, clock=clock)
+        return
+    url = config.state.redis_url
+    if not url:
+        raise ConfigError(
+            "config: state.backend is redis but no Redis is named: set CONCLAVE_REDIS_URL "
+            "(e.g. redis://127.0.0.1:6379/0) or state.redis_url"
+        )
+    try:
+        from conclave.state.redis_backend import open_redis_state
+    except ImportError:
+        raise ConfigError(
+            "config: state.backend is redis but the redis package is not installed: install "
+            "conclave[redis] (pip install 'conclave[redis]'), or use state.backend: memory"
+        ) from None
+    async with open_redis_state(
+        config, telemetry, clock=clock, url=url, shown_url=redis_url_shown(url)
+    ) as state:
+        yield state
+
+
+def redis_url_shown(url: str) -> str:
+    """The URL with any password masked: what logs, errors and `doctor` may print."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparsable URL)"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, parts.fragment))

@@ -1,0 +1,284 @@
+"""State shared through a real Redis (SPEC §10): two replicas, each a runtime of its own with
+its own connection, see one breaker, one egress budget, one concurrency limit and one claim
+on a session id; Redis going away and coming back loses nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from aiohttp import web
+
+from conclave.config import Config
+from conclave.deliberation.confer import confer
+from conclave.errors import BreakerOpen, ProviderError, SessionInFlight
+from conclave.messages import CompletionRequest
+from conclave.runtime import Runtime, open_runtime
+from conclave.sim import SimPanel
+from conclave.state.redis_backend import RedisState
+from tests.redis_server import RedisServer
+from tests.server_support import panel_config
+from tests.support import provider_entry, read_events
+
+pytestmark = pytest.mark.anyio
+
+ENTRY = provider_entry("openai", "m-p", "https://api.openai.com/v1", api_key_env=None)
+ANSWER = {
+    "choices": [{"message": {"content": "fine"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+class Upstream(httpx.MockTransport):
+    """A provider both replicas call: counts requests and those in flight; fails while told."""
+
+    def __init__(self, *, delay: float = 0.0) -> None:
+        self.failing = True
+        self.delay = delay
+        self.requests = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        super().__init__(self._answer)
+
+    async def _answer(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await anyio.sleep(self.delay)
+        finally:
+            self.in_flight -= 1
+        if self.failing:
+            return httpx.Response(503, json={"error": {"message": "unavailable"}})
+        return httpx.Response(200, json=ANSWER)
+
+
+def shared_config(make_config: Callable[..., Config], redis: RedisServer, **sections: Any) -> Config:
+    return make_config(
+        {"p": ENTRY},
+        retry={"max_attempts": 1},
+        env={"CONCLAVE_REDIS_URL": redis.url},
+        state={"backend": "redis", "namespace": "t", **sections.pop("state", {})},
+        **sections,
+    )
+
+
+async def ask(runtime: Runtime) -> str:
+    client = runtime.providers.get("p")
+    completion = await client.complete(CompletionRequest.ask("q"), deadline=anyio.current_time() + 10)
+    return completion.text
+
+
+async def eventually(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    with anyio.fail_after(seconds):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+async def test_a_breaker_opened_by_one_replica_fails_fast_on_the_other(
+    make_config: Callable[..., Config], redis_server: RedisServer, events_path: Path
+) -> None:
+    config = shared_config(make_config, redis_server, breakers={"failure_threshold": 2})
+    upstream = Upstream()
+    async with (
+        open_runtime(config, transport=upstream) as one,
+        open_runtime(config, transport=upstream) as two,
+    ):
+        assert isinstance(one.state, RedisState) and one.state.link.up
+        with pytest.raises(ProviderError):
+            await ask(one)
+        with pytest.raises(ProviderError):
+            await ask(two)  # the second consecutive failure, counted with the first one's
+        await eventually(lambda: one.providers.get("p").breaker.state == "open")
+        await eventually(lambda: two.providers.get("p").breaker.state == "open")
+        sent = upstream.requests
+        for replica in (one, two):
+            with pytest.raises(BreakerOpen, match="circuit breaker open after 2 consecutive failures"):
+                await ask(replica)
+        assert upstream.requests == sent == 2, "an open breaker sends nothing, on either replica"
+    opened = [e for e in read_events(events_path) if e["event"] == "breaker_open"]
+    assert len(opened) == 1 and opened[0]["consecutive_failures"] == 2, "opened once, by one replica"
+
+
+async def test_after_the_cooldown_one_trial_goes_through_for_both_replicas(
+    make_config: Callable[..., Config], redis_server: RedisServer, events_path: Path
+) -> None:
+    config = shared_config(
+        make_config, redis_server, breakers={"failure_threshold": 1, "cooldown_seconds": 1}
+    )
+    upstream = Upstream(delay=0.3)
+    async with (
+        open_runtime(config, transport=upstream) as one,
+        open_runtime(config, transport=upstream) as two,
+    ):
+        with pytest.raises(ProviderError):
+            await ask(one)
+        await eventually(lambda: two.providers.get("p").breaker.state == "half_open", 5)
+        upstream.failing = False
+        outcomes: list[str] = []
+
+        async def attempt(replica: Runtime) -> None:
+            try:
+                outcomes.append(await ask(replica))
+            except BreakerOpen:
+                outcomes.append("refused")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(attempt, one)
+            group.start_soon(attempt, two)
+        assert sorted(outcomes) == ["fine", "refused"], "exactly one trial across the replicas"
+        assert upstream.requests == 2
+        await eventually(lambda: one.providers.get("p").breaker.state == "closed")
+        await eventually(lambda: two.providers.get("p").breaker.state == "closed")
+        assert await ask(two) == "fine"
+    kinds = [e["event"] for e in read_events(events_path) if e["event"].startswith("breaker_")]
+    assert kinds == ["breaker_open", "breaker_closed"]
+
+
+async def test_the_concurrency_limit_holds_across_replicas(
+    make_config: Callable[..., Config], redis_server: RedisServer
+) -> None:
+    config = shared_config(
+        make_config, redis_server, limits={"max_concurrency": 4, "retry": {"max_attempts": 1}}
+    )
+    upstream = Upstream(delay=0.2)
+    upstream.failing = False
+    async with (
+        open_runtime(config, transport=upstream) as one,
+        open_runtime(config, transport=upstream) as two,
+        anyio.create_task_group() as group,
+    ):
+        for index in range(12):
+            group.start_soon(ask, one if index % 2 else two)
+    assert upstream.requests == 12
+    assert upstream.most_in_flight == 4, "never more than the limit in flight, whichever replica asks"
+
+
+async def test_a_dead_replicas_slots_come_back_after_its_lease(
+    make_config: Callable[..., Config], redis_server: RedisServer
+) -> None:
+    config = shared_config(
+        make_config,
+        redis_server,
+        limits={"max_concurrency": 2, "retry": {"max_attempts": 1}},
+        state={"lease_seconds": 1},
+    )
+    upstream = Upstream()
+    upstream.failing = False
+    async with open_runtime(config, transport=upstream) as replica:
+        assert isinstance(replica.state, RedisState)
+        link = replica.state.link
+        # A replica that took both slots and died: its lease is all that is left of it.
+        held = await link.run(
+            "slots", (link.key("slots", "held"), link.key("slots", "leases")), ("dead", 2, 2, 2, 1000)
+        )
+        assert held == 2
+        started = anyio.current_time()
+        assert await ask(replica) == "fine"
+        waited = anyio.current_time() - started
+    assert waited >= 0.5, "the slot came only when the dead replica's lease ran out"
+
+
+async def test_one_egress_budget_per_session_whichever_replica_fetches(
+    make_config: Callable[..., Config], redis_server: RedisServer, events_path: Path
+) -> None:
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text="<p>evidence</p>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = shared_config(
+        make_config,
+        redis_server,
+        fetch={"allow_private": ["127.0.0.1/32"], "allow_ports": [port], "session_max_requests": 3},
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        async with open_runtime(config) as one, open_runtime(config) as two:
+            for replica in (one, two, one):
+                result = await replica.call_tool("fetch", {"url": url, "session_id": "s-shared"})
+                assert result["status"] == 200
+            with pytest.raises(Exception, match="egress budget exhausted: 3 of 3 requests"):
+                await two.call_tool("fetch", {"url": url, "session_id": "s-shared"})
+            other = await two.call_tool("fetch", {"url": url, "session_id": "s-other"})
+            assert other["status"] == 200, "another session has a budget of its own"
+    finally:
+        await runner.cleanup()
+    exhausted = [e for e in read_events(events_path) if e["event"] == "egress_budget_exhausted"]
+    assert [(e["requests"], e["max_requests"]) for e in exhausted] == [(3, 3)]
+
+
+@pytest.fixture
+async def panel() -> AsyncIterator[SimPanel]:
+    async with SimPanel(latency_ms=300) as running:
+        yield running
+
+
+def panel_shared_config(panel: SimPanel, tmp_path: Path, redis: RedisServer, **extra: Any) -> Config:
+    from conclave.config import load_config
+
+    path = panel_config(panel, tmp_path, state={"backend": "redis", "namespace": "t"}, **extra)
+    return load_config(str(path), env={"CONCLAVE_REDIS_URL": redis.url}, dotenv=None)
+
+
+async def test_a_session_id_runs_once_at_a_time_across_replicas(
+    panel: SimPanel, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = panel_shared_config(panel, tmp_path, redis_server)
+    arguments = {"question": "Which?", "session_id": "s-mine"}
+    async with open_runtime(config) as one, open_runtime(config) as two:
+        refused: list[BaseException] = []
+
+        async def second() -> None:
+            await anyio.sleep(0.1)
+            try:
+                await confer(two, arguments)
+            except SessionInFlight as exc:
+                refused.append(exc)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(second)
+            first = await confer(one, arguments)
+        assert not first.degraded
+        assert len(refused) == 1 and "still running" in str(refused[0])
+        again = await confer(two, arguments)  # once it ended, the id is free again
+        assert again.session_id == "s-mine"
+
+
+async def test_redis_restarting_in_the_middle_of_a_load_loses_nothing(
+    panel: SimPanel, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = panel_shared_config(panel, tmp_path, redis_server)
+    results: list[Any] = []
+    async with open_runtime(config) as replica:
+
+        async def one_call(index: int) -> None:
+            await anyio.sleep(index * 0.05)
+            results.append(await confer(replica, {"question": f"q{index}"}))
+
+        async with anyio.create_task_group() as group:
+            for index in range(40):
+                group.start_soon(one_call, index)
+            await anyio.sleep(0.5)
+            await anyio.to_thread.run_sync(redis_server.stop)
+            await anyio.sleep(1.0)
+            await anyio.to_thread.run_sync(redis_server.start)
+        assert isinstance(replica.state, RedisState)
+        await eventually(lambda: replica.state.link.up, 5)  # type: ignore[union-attr]
+    assert len(results) == 40
+    assert all(not r.degraded and len(r.answers) == 3 for r in results), "every call answered in full"
+    events = read_events(tmp_path / "events.ndjson")
+    ends = [e for e in events if e["event"] == "session_end"]
+    assert len(ends) == 40 and {e["status"] for e in ends} == {"ok"}
+    assert len(list((tmp_path / "transcripts").rglob("*.json"))) == 40, "every transcript written"
+    outages = [e["event"] for e in events if e["event"].startswith("state_backend_")]
+    assert outages == ["state_backend_unavailable", "state_backend_restored"], "one event per outage"
