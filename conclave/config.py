@@ -7,6 +7,7 @@ Every error is one line naming the key path and the fix.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import reprlib
 from collections.abc import Mapping, Sequence
@@ -251,6 +252,7 @@ def load_config(
     if url := keys.get(REDIS_URL_ENV):  # after the check: the variable may carry a password
         raw.setdefault("state", {})["redis_url"] = url
     _validate(raw, path)
+    _check_state(raw, path)
     return _build(raw, str(path), keys)
 
 
@@ -433,6 +435,23 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         tasks=TasksConfig(**raw.get("tasks", {})),
         state=StateConfig(**raw.get("state", {})),
     )
+
+
+def _check_state(raw: dict[str, Any], path: Path) -> None:
+    """`state.backend: redis` needs a Redis to name and the client to reach it."""
+    state = raw.get("state", {})
+    if state.get("backend") != "redis":
+        return
+    if not state.get("redis_url"):
+        raise ConfigError(
+            f"config: state.backend is redis but no Redis is named: set the environment variable "
+            f"{REDIS_URL_ENV} (e.g. redis://127.0.0.1:6379/0) or state.redis_url (in {path})"
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ConfigError(
+            "config: state.backend is redis but the redis package is not installed: install "
+            f"conclave[redis] (pip install 'conclave[redis]'), or use state.backend: memory (in {path})"
+        )
 
 
 def _password(url: str) -> str | None:

@@ -201,3 +201,35 @@ def test_two_workers_accept_on_one_port_and_a_dead_one_is_replaced(tmp_path: Pat
         status = served.stop()
     assert status == 0, "Ctrl-C or SIGTERM is how a server is stopped"
     assert not [p for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "all stopped"
+
+
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"telemetry: {{path: {tmp_path / 'events.ndjson'}}}\n", encoding="utf-8")
+    served = Served(config, tmp_path, "--workers", "2")
+    workers = psutil.Process(served.process.pid).children()
+    served.process.kill()  # no chance to stop its workers
+    served.process.wait(10)
+    _gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, "no worker is left serving on its own"
+    assert not rpc_ok(served.url)
+
+
+def test_a_worker_that_keeps_dying_at_once_stops_the_group(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"telemetry: {{path: {tmp_path / 'events.ndjson'}}}\n", encoding="utf-8")
+    served = Served(config, tmp_path, "--workers", "2")
+    parent = psutil.Process(served.process.pid)
+    try:
+        for death in range(1, 6):  # the same worker, each time it comes back, before it lived 10 s
+            youngest = max(parent.children(), key=lambda worker: worker.create_time())
+            youngest.kill()
+            born = youngest.create_time()
+            if death < 5:
+                assert wait_for(lambda born=born: any(w.create_time() > born for w in parent.children()))
+        assert served.process.wait(20) == 1
+    finally:
+        served.stop()
+    assert served.process.stderr is not None
+    said = served.process.stderr.read()
+    assert "times in a row right after starting; stopping" in said

@@ -11,11 +11,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import yaml
 from aiohttp import web
 
-from conclave.config import Config
+from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer
-from conclave.errors import BreakerOpen, ProviderError, SessionInFlight
+from conclave.errors import BreakerOpen, ConfigError, ProviderError, SessionInFlight
 from conclave.messages import CompletionRequest
 from conclave.runtime import Runtime, open_runtime
 from conclave.sim import SimPanel
@@ -224,8 +225,6 @@ async def panel() -> AsyncIterator[SimPanel]:
 
 
 def panel_shared_config(panel: SimPanel, tmp_path: Path, redis: RedisServer, **extra: Any) -> Config:
-    from conclave.config import load_config
-
     path = panel_config(panel, tmp_path, state={"backend": "redis", "namespace": "t"}, **extra)
     return load_config(str(path), env={"CONCLAVE_REDIS_URL": redis.url}, dotenv=None)
 
@@ -282,3 +281,66 @@ async def test_redis_restarting_in_the_middle_of_a_load_loses_nothing(
     assert len(list((tmp_path / "transcripts").rglob("*.json"))) == 40, "every transcript written"
     outages = [e["event"] for e in events if e["event"].startswith("state_backend_")]
     assert outages == ["state_backend_unavailable", "state_backend_restored"], "one event per outage"
+
+
+PASSWORD = "rds-canary-7f3a9c1e5b"
+
+
+def test_a_password_in_the_url_works_and_is_never_shown(tmp_path: Path) -> None:
+    from tests.test_cli import conclave
+
+    server = RedisServer(tmp_path, password=PASSWORD)
+    server.start()
+    try:
+        (tmp_path / "config.yaml").write_text(
+            yaml.safe_dump({"state": {"backend": "redis"}, "panel": []}), encoding="utf-8"
+        )
+        good = conclave("doctor", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": server.url})
+        wrong = server.url.replace(PASSWORD, PASSWORD[::-1])
+        bad = conclave("doctor", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": wrong})
+    finally:
+        server.stop()
+    state_line = next(line for line in good.stdout.splitlines() if line.startswith("state:"))
+    assert "reachable" in state_line and ":***@127.0.0.1" in state_line, state_line
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert bad.returncode == 1 and "UNREACHABLE" in bad.stdout and "AuthenticationError" in bad.stdout
+    log = (tmp_path / ".conclave" / "events.ndjson").read_text(encoding="utf-8")
+    assert '"state_backend_unavailable"' in log, "the wrong password is an outage, on local state"
+    for text in (good.stdout, good.stderr, bad.stdout, bad.stderr, log):
+        assert PASSWORD not in text and PASSWORD[::-1] not in text
+
+
+def test_a_password_in_the_config_file_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump({"state": {"backend": "redis", "redis_url": f"redis://:{PASSWORD}@127.0.0.1:6379/0"}})
+    )
+    with pytest.raises(ConfigError, match="CONCLAVE_REDIS_URL") as refused:
+        load_config(str(path), env={}, dotenv=None)
+    assert PASSWORD not in str(refused.value)
+
+
+def test_the_redis_backend_without_a_url_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"state": {"backend": "redis"}}))
+    with pytest.raises(
+        ConfigError, match="no Redis is named: set the environment variable CONCLAVE_REDIS_URL"
+    ):
+        load_config(str(path), env={}, dotenv=None)
+    from_env = load_config(str(path), env={"CONCLAVE_REDIS_URL": "redis://127.0.0.1:1/0"}, dotenv=None)
+    assert from_env.state.redis_url == "redis://127.0.0.1:1/0"
+
+
+async def test_redis_away_from_the_start_is_an_outage_not_an_error(
+    panel: SimPanel, tmp_path: Path, events_path: Path
+) -> None:
+    closed = "redis://127.0.0.1:9/0"  # the discard port: nothing answers on loopback
+    path = panel_config(panel, tmp_path, state={"backend": "redis"}, telemetry={"path": str(events_path)})
+    config = load_config(str(path), env={"CONCLAVE_REDIS_URL": closed}, dotenv=None)
+    async with open_runtime(config) as replica:
+        ok, line = await replica.state.health()
+        result = await confer(replica, {"question": "Which?", "session_id": "s-local"})
+    assert not ok and "UNREACHABLE" in line
+    assert not result.degraded and [a.status for a in result.answers] == ["ok", "ok", "ok"]
+    outages = [e for e in read_events(events_path) if e["event"] == "state_backend_unavailable"]
+    assert len(outages) == 1 and outages[0]["fallback"] == "local state of this replica"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +51,21 @@ async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = F
         bound = runner.addresses[0][1] if runner.addresses else port
         print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)
         try:
-            await anyio.sleep_forever()
+            if reuse_port:  # a worker of `serve --workers`: it goes when its supervisor goes
+                await _until_orphaned()
+            else:
+                await anyio.sleep_forever()
         finally:
             await runner.cleanup()
+
+
+async def _until_orphaned() -> None:
+    """Return once the process that started this one is gone (killed, say, without the chance
+    to stop its workers), so no worker is left serving on its own."""
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 - nothing signals a parent's death: poll
+        await anyio.sleep(1.0)
+    print("conclave: the supervising process is gone; this worker stops", file=sys.stderr)
 
 
 def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Application:

@@ -24,6 +24,10 @@ from typing import IO
 READY_MARK = "conclave: serving MCP on "
 RESTART_DELAY_SECONDS = 1.0
 START_TIMEOUT_SECONDS = 60.0
+# A worker that dies this soon after starting, this many times in a row, will not do better
+# when started again: the supervisor gives up rather than loop.
+EARLY_DEATH_SECONDS = 10.0
+EARLY_DEATHS_TOLERATED = 5
 
 
 def reuse_port_available() -> bool:
@@ -45,6 +49,8 @@ class _Worker:
     index: int
     process: subprocess.Popen[str]
     ready: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    early_deaths: int = 0
 
 
 class Supervisor:
@@ -71,8 +77,7 @@ class Supervisor:
                 file=sys.stderr,
                 flush=True,
             )
-            self._supervise()
-            return 0
+            return self._supervise()
         except KeyboardInterrupt:  # Ctrl-C is how a server is stopped
             return 0
         finally:
@@ -119,19 +124,33 @@ class Supervisor:
                     return False
         return True
 
-    def _supervise(self) -> None:
+    def _supervise(self) -> int:
+        """Restart workers that die until stopped (0), or give up on one that keeps dying (1)."""
         while not self._stopping.wait(0.5):
             for position, worker in enumerate(self._workers):
                 status = worker.process.poll()
                 if status is None or self._stopping.is_set():
                     continue
+                early = time.monotonic() - worker.started < EARLY_DEATH_SECONDS
+                deaths = worker.early_deaths + 1 if early else 0
+                if deaths >= EARLY_DEATHS_TOLERATED:
+                    print(
+                        f"conclave serve: worker {worker.index} died {deaths} times in a row right "
+                        "after starting; stopping (its messages above say why)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return 1
                 print(
                     f"conclave serve: worker {worker.index} exited with status {status}; restarting it",
                     file=sys.stderr,
                     flush=True,
                 )
                 time.sleep(RESTART_DELAY_SECONDS)
-                self._workers[position] = self._start(worker.index)
+                replacement = self._start(worker.index)
+                replacement.early_deaths = deaths
+                self._workers[position] = replacement
+        return 0
 
     def _stop_all(self) -> None:
         for worker in self._workers:

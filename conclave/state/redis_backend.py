@@ -31,8 +31,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from conclave.breaker import BreakerState, CircuitBreaker, Clock, breaker_open
 from conclave.budgets import EgressBudget, EgressExhausted
@@ -45,7 +44,9 @@ from conclave.telemetry import Telemetry
 _SYNC_SECONDS = 0.25  # how stale a replica's view of the shared breakers and cancels may be
 _PROBE_SECONDS = 1.0  # while Redis is away, how often it is tried again
 _TICK_SECONDS = 0.1
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+# Any failure of Redis itself (refused, timed out, a wrong password, a read-only replica after a
+# failover, out of memory) is an outage to this replica: it goes on with its own state.
+_UNREACHABLE = (RedisError, OSError)
 
 
 class Unavailable(Exception):
@@ -84,6 +85,19 @@ class Link:
             raise Unavailable
         try:
             return await cast(Callable[..., Awaitable[Any]], self.client.execute_command)(name, *args)
+        except _UNREACHABLE as exc:
+            self.lost(exc)
+            raise Unavailable from None
+
+    async def expire_all(self, keys: Sequence[str], ms: int) -> None:
+        """PEXPIRE on every key, in one round trip."""
+        if not self.up:
+            raise Unavailable
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.pexpire(key, ms)
+                await pipe.execute()
         except _UNREACHABLE as exc:
             self.lost(exc)
             raise Unavailable from None
@@ -154,8 +168,12 @@ class SharedBreaker:
 
     async def check(self) -> None:
         if self._link.up:
-            if self.state == "closed":
+            state = self.state
+            if state == "closed":
                 return
+            if state == "open":  # by the mirror: refused here, without asking Redis
+                left = max(self._open_until - self._clock(), 0.0)
+                raise breaker_open("provider", self.name, self._failures, left)
             try:
                 state, granted, left_ms, failures = await self._link.run(
                     "breaker_trial", self.keys, (self._cooldown_ms, self._trial_ms, self._link.replica)
@@ -399,9 +417,10 @@ class SharedSessions:
                 await self._link.run("session_release", (self._key(session_id),), (self._link.replica,))
 
     async def renew(self) -> None:
-        for session_id in list(self._claimed):
+        """Keep the claims of the calls still running (from the maintenance loop)."""
+        if self._claimed:
             with contextlib.suppress(Unavailable):
-                await self._link.command("PEXPIRE", self._key(session_id), self._lease_ms)
+                await self._link.expire_all([self._key(i) for i in self._claimed], self._lease_ms)
 
     def _key(self, session_id: str) -> str:
         return self._link.key("session", session_id)
@@ -459,8 +478,8 @@ class RedisState:
     async def maintain(self) -> None:
         """Keep the mirrors fresh, the leases renewed and the probe going, for the life of the
         backend."""
-        next_sync = 0.0
-        next_probe = 0.0
+        next_sync = next_probe = next_renewal = 0.0
+        renew_every = self._config.state.lease_seconds / 3
         while True:
             await anyio.sleep(_TICK_SECONDS)
             now = time.monotonic()
@@ -472,18 +491,23 @@ class RedisState:
             await self.slots.settle()
             if now >= next_sync:
                 next_sync = now + _SYNC_SECONDS
-                await self._sync()
+                await self._read_breakers()
+            if now >= next_renewal:
+                next_renewal = now + renew_every
+                await self.sessions.renew()
 
-    async def _sync(self) -> None:
-        with contextlib.suppress(Unavailable):
-            if self._breakers:
-                cooldown_ms = int(self._config.breakers.cooldown_seconds * 1000)
-                flat = await self._link.run(
-                    "breaker_read", [b.keys[0] for b in self._breakers], (cooldown_ms,)
-                )
-                for index, breaker in enumerate(self._breakers):
-                    breaker.mirror(*flat[index * 3 : index * 3 + 3])
-            await self.sessions.renew()
+    async def _read_breakers(self) -> None:
+        """Every provider's breaker as Redis has it, in one round trip, into the mirrors."""
+        if not self._breakers:
+            return
+        cooldown_ms = int(self._config.breakers.cooldown_seconds * 1000)
+        keys = [breaker.keys[0] for breaker in self._breakers]
+        try:
+            flat = await self._link.run("breaker_read", keys, (cooldown_ms,))
+        except Unavailable:
+            return
+        for index, breaker in enumerate(self._breakers):
+            breaker.mirror(*flat[index * 3 : index * 3 + 3])
 
     async def close(self) -> None:
         await self.slots.give_back()
