@@ -7,7 +7,7 @@ reads: where to stream events from, and where to fetch the refreshed part of the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -30,7 +30,10 @@ def document(title: str, body: Safe, prefix: str) -> Safe:
         el("script", src=f"{prefix}/static/app.js", defer=True),
     )
     top = el(
-        "header", el("a", TITLE, href=f"{prefix}/", class_="brand"), el("span", "sessions", class_="crumb")
+        "header",
+        el("a", TITLE, href=f"{prefix}/", class_="brand"),
+        el("a", "sessions", href=f"{prefix}/", class_="crumb"),
+        el("span", "read-only: this page starts nothing", class_="aside"),
     )
     return Safe("<!doctype html>\n" + el("html", head, el("body", top, body), lang="en"))
 
@@ -118,11 +121,11 @@ def session_body(view: SessionView) -> Safe:
     parts: list[Safe | None] = [title, _degraded_banner(view), _warnings(view.warnings)]
     parts += [_question(view), _totals(view)]
     if summary.running:
-        parts.append(_activity(view.activity))
+        parts.append(_activity(view))
     parts += [_answers(view.answers), *(_round(r) for r in view.rounds), _review(view.review)]
     parts.append(_synthesis(view.synthesis))
     if not summary.running and view.activity:
-        parts.append(_activity(view.activity))
+        parts.append(_activity(view))
     return join(parts)
 
 
@@ -163,11 +166,11 @@ def _totals(view: SessionView) -> Safe:
     return el("dl", items, class_="totals")
 
 
-def _activity(lines: Sequence[str]) -> Safe:
-    heading = el("h2", "Events", " ", el("span", "live", class_="pulse") if lines is not None else None)
-    return el(
-        "section", heading, el("ol", [el("li", line) for line in lines], id="activity", class_="activity")
-    )
+def _activity(view: SessionView) -> Safe:
+    """The session's events as `conclave tail` shows them; `app.js` appends new ones live."""
+    live = el("span", "live", class_="pulse") if view.summary.running else None
+    lines = [el("li", line) for line in view.activity]
+    return el("section", el("h2", "Events ", live), el("ol", lines, id="activity", class_="activity"))
 
 
 # -- answers, rounds, review, synthesis -------------------------------------------------------
@@ -301,11 +304,17 @@ def _review(review: Review | None) -> Safe | None:
         )
         for r in review.rankings
     ]
-    agreement = "-" if review.agreement is None else f"{review.agreement:.2f}"
+    agreement = "not measured (it needs two complete rankings)"
+    if review.agreement is not None:
+        agreement = f"{review.agreement:.2f} (0: none, 1: complete)"
     return el(
         "section",
         el("h2", "Review"),
-        el("p", f"Each member ranked the others' answers, blind. Agreement (Kendall's W): {agreement}."),
+        el(
+            "p",
+            f"Each member ranked the others' answers, blind. Agreement (Kendall's W): {agreement}.",
+            class_="muted",
+        ),
         el("table", el("thead", head), el("tbody", rows), class_="ranking"),
         _aggregate(review),
     )
@@ -363,7 +372,3 @@ def _num(value: Any) -> str:
 
 def not_found(prefix: str, what: str) -> Safe:
     return document(f"{TITLE} · not found", el("main", el("h1", "Not found"), el("p", what)), prefix)
-
-
-def plain_list(items: Iterable[str]) -> Safe:
-    return el("ul", [el("li", item) for item in items])
