@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import math
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from conclave.render import Deliberation, LiveProgress
 
 DEFAULT_HTTP_PORT = 8765
+DEFAULT_UI_PORT = 8780
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_coordinate(sub, common)
     _add_tail(sub, common)
     _add_serve(sub, common)
+    _add_ui(sub, common)
     demo = sub.add_parser(
         "demo",
         parents=[common],
@@ -235,6 +238,24 @@ def _worker_count(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= 64:
         raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to 64, got {value!r}")
     return int(value)
+
+
+def _add_ui(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    ui = sub.add_parser(
+        "ui", parents=[common], help="a local, read-only page of recent sessions, live while they run"
+    )
+    ui.add_argument(
+        "--http",
+        default=f"127.0.0.1:{DEFAULT_UI_PORT}",
+        metavar="HOST:PORT",
+        help=f"where to serve the page (default 127.0.0.1:{DEFAULT_UI_PORT}; port 0 picks a free one)",
+    )
+    ui.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a bind that other machines can reach (the page shows every question and answer)",
+    )
+    ui.set_defaults(handler=cmd_ui)
 
 
 def _line_count(value: str) -> int | None:
@@ -575,6 +596,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.workers > 1:
+        if config.state.backend == "memory":
+            print(
+                f"conclave serve: note: the {args.workers} workers share no state (state.backend: memory): "
+                "each has its own breakers, concurrency limit, egress budgets and tasks, and a task is "
+                "known only to the worker that started it. Set state.backend: redis to share them "
+                "(docs/deploying.md).",
+                file=sys.stderr,
+            )
         return _serve_workers(args, host, port)
     _serve_until_interrupted(server.serve_http, config, host, port, args.reuse_port)
     return 0
@@ -599,14 +628,37 @@ def _serve_workers(args: argparse.Namespace, host: str, port: int) -> int:
     return supervisor.run()
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from conclave.ui import run_ui
+
+    config = _load(args)
+    try:
+        host, port = parse_bind(args.http, default_port=DEFAULT_UI_PORT)
+    except ValueError as exc:
+        print(f"conclave ui: --http {args.http!r}: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(host):
+        if not args.allow_remote:
+            print(
+                f"conclave ui: refusing to serve on {host}, which other machines can reach: the page shows "
+                "every question, answer and fetched page in the transcripts. Use 127.0.0.1, or pass "
+                "--allow-remote if you mean it.",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"conclave ui: WARNING: serving on {host}, reachable from other machines.", file=sys.stderr)
+    _serve_until_interrupted(run_ui, config, host, port)
+    return 0
+
+
 def _serve_until_interrupted(function: Callable[..., Awaitable[None]], *args: Any) -> None:
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a server is stopped
         anyio.run(function, *args)
 
 
-def parse_bind(value: str) -> tuple[str, int]:
+def parse_bind(value: str, *, default_port: int = DEFAULT_HTTP_PORT) -> tuple[str, int]:
     """`HOST:PORT`, `[v6]:PORT`, `HOST` or `:PORT` into (host, port); loopback and 8765 by default."""
-    host, port = value, str(DEFAULT_HTTP_PORT)
+    host, port = value, str(default_port)
     if value.startswith("["):
         host, sep, rest = value[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
@@ -631,7 +683,20 @@ def is_loopback(host: str) -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     from conclave.demo import main as demo_main
 
-    return demo_main(_load(args), latency_ms=args.latency_ms, out=sys.stdout, err=sys.stderr)
+    config = _load(args)
+    return demo_main(
+        config, latency_ms=args.latency_ms, out=sys.stdout, err=sys.stderr, ui_command=_ui_command(args)
+    )
+
+
+def _ui_command(args: argparse.Namespace) -> str:
+    """`conclave ui` with the options that load the configuration `args` loaded."""
+    words = ["conclave", "ui"]
+    if args.config:
+        words += ["--config", args.config]
+    for override in args.overrides:
+        words += ["--set", override]
+    return shlex.join(words)
 
 
 def _print_table(rows: list[list[str]]) -> None:

@@ -125,6 +125,7 @@ class ServerConfig:
     # A call with a progressToken hears from the server at least this often, so that clients
     # whose idle timer is reset by progress keep waiting through a long deliberation.
     progress_heartbeat_seconds: float = 10.0
+    ui: bool = False  # serve --http also serves the page of `conclave ui` at /ui/ (SPEC §12)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ CHAIR = Rule(
 )
 CHECKER_THINKING = "The user wants 17 x 23 checked; the verify tool settles arithmetic exactly."
 TAIL_EVENTS = 14
+UI_COMMAND = "conclave ui"  # the CLI adds the --config and --set options the demo ran with
+UI_URL = "http://127.0.0.1:8780/"  # where `conclave ui` serves by default
 LIGHTHOUSE_PAGE = """<!doctype html>
 <html><head><title>Exampleville lighthouse</title></head>
 <body><h1>Exampleville lighthouse</h1>
@@ -333,7 +335,7 @@ def _tool_problem(answer: Mapping[str, Any] | None, tool: str) -> list[str]:
     return [] if used == meant else [f"{who} called its tools as {used}, not {meant}"]
 
 
-def report(run: DemoRun, out: TextIO, colour: bool) -> int:
+def report(run: DemoRun, out: TextIO, colour: bool, ui_command: str = UI_COMMAND) -> int:
     """Print the whole story; 0 when everything worked, 1 otherwise."""
     confer_id, coordinate_id = run.sessions
     _section(
@@ -348,7 +350,20 @@ def report(run: DemoRun, out: TextIO, colour: bool) -> int:
     print(f"\nsessions: confer {confer_id}  coordinate {coordinate_id}", file=out)
     print(f"  see every event of one:  conclave tail --session {confer_id} --lines all", file=out)
     print(f"  transcripts are under {run.config.transcripts.dir}/", file=out)
-    return _verdict(problems(run), out)
+    status = _verdict(problems(run), out)
+    _print_ui(run, ui_command, out)
+    return status
+
+
+def _print_ui(run: DemoRun, ui_command: str, out: TextIO) -> None:
+    """The last thing to do: look at both sessions on the page, side by side."""
+    confer_id, coordinate_id = run.sessions
+    print(
+        f"\nsee both sessions side by side in your browser, on a read-only local page:\n  {ui_command}",
+        file=out,
+    )
+    print(f"  then open {UI_URL}  (the list: {confer_id} and {coordinate_id} are at the top)", file=out)
+    print(f"  or one of them directly: {UI_URL}session?id={confer_id}", file=out)
 
 
 def _section(out: TextIO, title: str) -> None:
@@ -394,8 +409,9 @@ REAL_KEYS = (
 )
 
 
-def main(base: Config, *, latency_ms: float, out: TextIO, err: TextIO) -> int:
-    """The `conclave demo` command (the CLI parses arguments and loads `base`)."""
+def main(base: Config, *, latency_ms: float, out: TextIO, err: TextIO, ui_command: str = UI_COMMAND) -> int:
+    """The `conclave demo` command (the CLI parses arguments and loads `base`; `ui_command` is the
+    `conclave ui` that reads the same configuration, so the same event log and transcripts)."""
     print(SIMULATED_BANNER, file=out, flush=True)
     run = anyio.run(functools.partial(run_demo, base, latency_ms=latency_ms, progress=err))
-    return report(run, out, wants_colour(out))
+    return report(run, out, wants_colour(out), ui_command)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -124,3 +126,26 @@ async def test_the_demo_reports_a_failure_when_a_member_breaks(
     found = problems(run)
     assert any("confer is degraded" in p for p in found)
     assert any("sim-openai did not use fetch" in p for p in found)
+
+
+def test_the_demo_ends_with_the_conclave_ui_command_that_shows_its_two_sessions(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    workdir, result = demo
+    confer_id, coordinate_id = session_ids(result.stdout)
+    last = result.stdout.rstrip().splitlines()[-4:]
+    assert last[1].strip() == "conclave ui", last
+    assert confer_id in last[2] and coordinate_id in last[2] and "http://127.0.0.1:8780/" in last[2]
+    command = [sys.executable, "-m", "conclave", *shlex.split(last[1])[1:], "--http", "127.0.0.1:0"]
+    env = {k: v for k, v in os.environ.items() if k != "CONCLAVE_CONFIG"}
+    ui = subprocess.Popen(command, cwd=workdir, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert ui.stderr is not None
+        address = re.search(r"http://127\.0\.0\.1:\d+/", ui.stderr.readline())
+        assert address, "conclave ui did not say where it serves"
+        page = httpx.get(address[0], timeout=10)
+    finally:
+        ui.terminate()
+        ui.wait(timeout=10)
+    assert page.status_code == 200
+    assert f"session?id={confer_id}" in page.text and f"session?id={coordinate_id}" in page.text

@@ -14,7 +14,6 @@ import os
 import sys
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import orjson
@@ -36,20 +35,28 @@ from conclave.server.jsonrpc import (
 )
 from conclave.server.lifecycle import serving
 from conclave.telemetry import traced
+from conclave.webguard import allowed_hosts, origin_allowed
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = False) -> None:
     async with serving(config) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
-        runner = web.AppRunner(build_app(server, bound_host=host), access_log=None, handler_cancellation=True)
+        app = build_app(server, bound_host=host)
+        if config.server.ui:
+            from conclave.ui import mount  # only then: the page's code is not on the request path
+
+            mount(app, config, bound_host=host)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        print(f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc", file=sys.stderr)
+        page = ", the session page on /ui/" if config.server.ui else ""
+        print(
+            f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc{page}", file=sys.stderr
+        )
         try:
             if reuse_port:  # a worker of `serve --workers`: it goes when its supervisor goes
                 await _until_orphaned()
@@ -70,7 +77,7 @@ async def _until_orphaned() -> None:
 
 def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    allowed = LOOPBACK_HOSTS | {bound_host.lower()}
+    allowed = allowed_hosts(bound_host)
 
     async def mcp(request: web.Request) -> web.StreamResponse:
         refusal = _check_origin(request, allowed)
@@ -98,10 +105,7 @@ class _Refusal:
 def _check_origin(request: web.Request, allowed: frozenset[str]) -> _Refusal | None:
     """DNS-rebinding defence: a browser page from another origin must not reach a local server."""
     origin = request.headers.get("origin")
-    if origin is None:
-        return None
-    host = (urlsplit(origin).hostname or "").lower()
-    if host in allowed or f"[{host}]" in allowed:
+    if origin_allowed(origin, allowed):
         return None
     return _Refusal(403, RpcError(INVALID_REQUEST, f"Origin {origin} is not allowed"))
 

@@ -429,9 +429,7 @@ class SharedSessions:
 class RedisState:
     name = "redis"
 
-    def __init__(
-        self, config: Config, link: Link, telemetry: Telemetry, *, clock: Clock, shown_url: str
-    ) -> None:
+    def __init__(self, config: Config, link: Link, *, clock: Clock, shown_url: str) -> None:
         self._config = config
         self._link = link
         self._clock = clock
@@ -540,7 +538,7 @@ async def open_redis_state(
     )
     client = aioredis.Redis(connection_pool=pool)
     link = Link(client, config.state.namespace, telemetry)
-    state = RedisState(config, link, telemetry, clock=clock, shown_url=shown_url)
+    state = RedisState(config, link, clock=clock, shown_url=shown_url)
     try:
         await client.ping()
     except _UNREACHABLE as exc:

@@ -1,0 +1,324 @@
+"""The page of `conclave ui` without a browser: the records it reads sessions into, the HTML it
+renders from them, and the guard and headers every response passes through. (The browser's view
+is tests/test_ui_browser.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from conclave.cli import main as cli_main
+from conclave.demo import run_demo
+from conclave.ui import build_app, mount
+from conclave.ui.app import CSP
+from conclave.ui.markup import Safe, el, escape
+from conclave.ui.model import from_events, from_transcript
+from conclave.ui.pages import session_body
+from conclave.ui.sessions import Sessions
+from tests.ui_support import IMG, SCRIPT, hostile_session, workdir_config
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's two sessions and a hostile one, run for real into one folder."""
+    folder = tmp_path_factory.mktemp("ui")
+    base = workdir_config(folder)
+    anyio.run(lambda: run_demo(base, latency_ms=0, progress=None))
+    anyio.run(hostile_session, base, "hostile-1")
+    return folder
+
+
+@pytest.fixture
+def sessions(workdir: Path) -> Sessions:
+    return Sessions(workdir / "events.ndjson", workdir / "transcripts")
+
+
+def demo_id(sessions: Sessions, tool: str) -> str:
+    return next(s.session_id for s in sessions.recent() if s.tool == tool and s.session_id.startswith("demo"))
+
+
+def view_of(sessions: Sessions, session_id: str) -> Safe:
+    summary = sessions.summary(session_id)
+    assert summary is not None
+    transcript = sessions.transcript(session_id)
+    assert transcript is not None
+    return session_body(from_transcript(summary, transcript))
+
+
+# -- markup -----------------------------------------------------------------------------------
+
+
+def test_text_is_escaped_wherever_it_goes_and_only_markup_made_here_passes() -> None:
+    assert el("p", SCRIPT) == "<p>&lt;script&gt;window.__pwned=1&lt;/script&gt;</p>"
+    assert el("a", "x", href='" onmouseover="alert(1)') == '<a href="&quot; onmouseover=&quot;alert(1)">x</a>'
+    safe = el("b", "bold")
+    assert el("p", safe) == "<p><b>bold</b></p>"
+    assert el("p", safe + "<i>") == "<p>&lt;b&gt;bold&lt;/b&gt;&lt;i&gt;</p>", "Safe + str is a str again"
+    assert el("p", ["a", ["<b>", None, 3]]) == "<p>a&lt;b&gt;3</p>"
+    assert escape(IMG) == "&lt;img src=&quot;x&quot; onerror=&quot;window.__pwned=2&quot;&gt;"
+
+
+# -- reading sessions -------------------------------------------------------------------------
+
+
+def test_the_list_has_every_session_with_its_tool_question_status_and_cost(sessions: Sessions) -> None:
+    rows = {row.session_id: row for row in sessions.recent()}
+    confer, coordinate = rows[demo_id(sessions, "confer")], rows[demo_id(sessions, "coordinate")]
+    assert confer.status == coordinate.status == "ok" and not confer.degraded
+    assert confer.question is not None and confer.question.startswith(
+        "How tall is the Exampleville lighthouse?"
+    )
+    assert coordinate.question is not None and coordinate.question.startswith("Choose an eviction policy")
+    assert confer.cost_usd and confer.cost_usd > 0 and confer.duration_ms and confer.answers == confer.ok == 7
+    hostile = rows["hostile-1"].question or ""
+    assert hostile.startswith("What does http://127.0.0.1:") and hostile.endswith(SCRIPT)
+    assert list(rows)[-1] == confer.session_id, "newest first: the demo ran before the hostile session"
+
+
+def test_a_confer_reads_as_answers_side_by_side_with_each_hop_and_its_neutralized_result(
+    sessions: Sessions,
+) -> None:
+    summary = sessions.summary(demo_id(sessions, "confer"))
+    assert summary is not None
+    view = from_transcript(summary, sessions.transcript(summary.session_id) or {})
+    answers = {a.provider: a for a in view.answers}
+    assert list(answers) == ["sim-openai", "sim-anthropic", "sim-gemini"]
+    fetcher = answers["sim-openai"]
+    assert fetcher.status == "ok" and fetcher.model == "sim-gpt" and fetcher.hops == 2 and fetcher.cost_usd
+    (hop,) = fetcher.calls
+    assert (hop.number, hop.tool, hop.status) == (1, "fetch", "ok")
+    assert hop.result is not None and "<untrusted_input>" in hop.result and "47 metres tall" in hop.result
+    assert "<tool_call>" in (answers["sim-gemini"].calls[0].said or ""), "the tag the model wrote is the call"
+    assert view.review is not None and view.review.top == "sim-gemini" and len(view.review.rankings) == 3
+    assert view.review.aggregate[0]["provider"] == "sim-gemini"
+    assert view.synthesis is not None and view.synthesis.provider == "sim-anthropic"
+    assert view.synthesis.envelope and "47 metres" in view.synthesis.envelope["answer"]
+    assert view.usage["cost_usd"] == summary.cost_usd and not view.degraded
+
+
+def test_a_coordinate_reads_as_rounds_of_proposal_critiques_and_verdicts(sessions: Sessions) -> None:
+    summary = sessions.summary(demo_id(sessions, "coordinate"))
+    assert summary is not None
+    view = from_transcript(summary, sessions.transcript(summary.session_id) or {})
+    (round_,) = view.rounds
+    assert round_.proposal is not None and round_.proposal.provider == "sim-openai"
+    verdicts = {c.provider: (c.envelope or {}).get("verdict") for c in round_.critiques}
+    assert verdicts == {"sim-anthropic": "revise", "sim-gemini": "accept"}
+    checked = next(c for c in round_.critiques if c.provider == "sim-gemini")
+    assert [h.tool for h in checked.calls] == ["verify"]
+    assert view.synthesis is not None and view.synthesis.role == "synthesizer"
+    assert set(view.per_role) == {"proposer", "critic", "synthesizer"} and view.converged is False
+    html = view_of(sessions, summary.session_id)
+    assert "Round 1" in html and "revise" in html and "accept" in html and "Synthesis" in html
+
+
+def test_a_running_session_is_listed_as_running_and_shows_its_events(workdir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "events.ndjson"
+    sessions = Sessions(log, tmp_path / "none")
+    assert sessions.recent() == []
+    start = {
+        "ts": "2026-01-01T00:00:00+00:00",
+        "event": "session_start",
+        "session_id": "s1",
+        "tool": "confer",
+    }
+    call = {"ts": "2026-01-01T00:00:01+00:00", "event": "provider_call", "session_id": "s1", "provider": "p"}
+    log.write_bytes(orjson.dumps(start) + b"\n" + orjson.dumps(call) + b"\n")
+    (row,) = sessions.recent()
+    assert row.running and row.tool == "confer"
+    view = from_events(row, sessions.events("s1"))
+    assert len(view.activity) == 2 and "provider_call" in view.activity[1]
+    end = {
+        **start,
+        "event": "session_end",
+        "status": "degraded",
+        "duration_ms": 5.0,
+        "usage": {"cost_usd": 0.5},
+    }
+    end["degraded_reasons"] = [{"provider": "p", "role": None, "status": "timeout", "code": None}]
+    with log.open("ab") as handle:
+        handle.write(orjson.dumps(end) + b"\n")
+    (row,) = sessions.recent()
+    assert (row.status, row.degraded, row.cost_usd) == ("degraded", True, 0.5), "read from where it stopped"
+    html = session_body(from_events(row, sessions.events("s1")))
+    assert "Degraded" in html and "p: timeout" in html
+
+
+def test_a_session_known_only_by_its_transcript_is_still_listed(workdir: Path, tmp_path: Path) -> None:
+    sessions = Sessions(tmp_path / "no-log.ndjson", workdir / "transcripts")
+    rows = {row.session_id: row for row in sessions.recent()}
+    assert rows["hostile-1"].status == "ok" and rows["hostile-1"].cost_usd is not None
+    assert rows["hostile-1"].question and rows["hostile-1"].question.endswith(SCRIPT)
+
+
+def test_a_transcript_named_outside_the_transcripts_folder_is_never_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"arguments": {"question": "leaked"}}')
+    log = tmp_path / "events.ndjson"
+    end = {"ts": "2026-01-01T00:00:00+00:00", "event": "session_end", "session_id": "s", "tool": "confer"}
+    log.write_bytes(orjson.dumps({**end, "status": "ok", "transcript": str(secret)}) + b"\n")
+    sessions = Sessions(log, tmp_path / "transcripts")
+    assert sessions.transcript("s") is None and sessions.recent()[0].question is None
+
+
+# -- over HTTP --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def client(workdir: Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    async with TestClient(TestServer(build_app(workdir_config(workdir)))) as test_client:
+        yield test_client
+
+
+@pytest.mark.anyio
+async def test_every_response_carries_the_strict_policy_even_a_refusal(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    for method, path, status in [
+        ("GET", "/", 200),
+        ("GET", "/session?id=hostile-1", 200),
+        ("GET", "/session?id=nobody", 404),
+        ("GET", "/static/app.js", 200),
+        ("GET", "/static/../sessions.py", 404),
+        ("POST", "/", 405),
+    ]:
+        response = await client.request(method, path)
+        assert response.status == status, path
+        headers = response.headers
+        assert headers["Content-Security-Policy"] == CSP and "'unsafe-inline'" not in CSP
+        assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer"
+        assert headers["X-Frame-Options"] == "DENY" and headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.anyio
+async def test_the_page_is_read_only_so_anything_but_get_is_405(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        for path in ("/", "/session?id=hostile-1", "/events", "/nowhere"):
+            response = await client.request(method, path)
+            assert (response.status, response.headers["Allow"]) == (405, "GET, HEAD"), (method, path)
+    assert (await client.head("/")).status == 200
+
+
+@pytest.mark.anyio
+async def test_a_foreign_host_or_origin_is_refused_against_dns_rebinding(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    port = client.port
+    assert (await client.get("/", headers={"Host": f"attacker.example:{port}"})).status == 403
+    assert (await client.get("/", headers={"Origin": "http://attacker.example"})).status == 403
+    assert (await client.get("/", headers={"Origin": "null"})).status == 403
+    assert (await client.get("/", headers={"Host": f"localhost:{port}"})).status == 200
+    assert (await client.get("/", headers={"Origin": f"http://127.0.0.1:{port}"})).status == 200
+
+
+@pytest.mark.anyio
+async def test_model_and_page_text_reaches_the_html_escaped(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    html = await (await client.get("/session?id=hostile-1")).text()
+    assert "window.__pwned=1" in html and "<script>window" not in html
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
+    assert "&lt;img src=&quot;x&quot; onerror=&quot;window.__pwned=2&quot;&gt;" in html
+    assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/app.js" defer>']
+    assert "<img" not in html and not re.search(r"<[^>]*\sonerror=", html), "no tag carries a handler"
+    listing = await (await client.get("/")).text()
+    assert "&lt;script&gt;window.__pwned=1" in listing and "<script>window" not in listing
+
+
+@pytest.mark.anyio
+async def test_the_event_stream_sends_what_is_appended_then_ends_with_the_session(
+    client: TestClient[web.Request, web.Application], workdir: Path
+) -> None:
+    log = workdir / "events.ndjson"
+    offset = log.stat().st_size
+    response = await client.get(f"/events?session=live-1&from={offset}")
+    assert response.headers["Content-Type"] == "text/event-stream"
+    assert response.headers["Content-Security-Policy"] == CSP
+    events = [
+        {
+            "ts": "2026-01-01T00:00:00+00:00",
+            "event": "session_start",
+            "session_id": "live-1",
+            "tool": "confer",
+        },
+        {
+            "ts": "2026-01-01T00:00:00+00:00",
+            "event": "session_start",
+            "session_id": "other",
+            "tool": "confer",
+        },
+        {"ts": "2026-01-01T00:00:01+00:00", "event": "session_end", "session_id": "live-1", "tool": "confer"},
+    ]
+    with log.open("ab") as handle:
+        handle.write(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    with anyio.fail_after(5):
+        body = (await response.content.read()).decode()
+    frames = [f for f in body.split("\n\n") if f.startswith("event:")]
+    assert [f.split("\n")[0] for f in frames] == ["event: log", "event: log", "event: end"]
+    first = orjson.loads(frames[0].split("data: ")[1])
+    assert first["event"] == "session_start" and "session_start" in first["line"]
+    assert f"id: {log.stat().st_size}" in frames[1], "an id to resume from after a reconnection"
+    # The test's own events have no place in the shared folder's log for the other tests.
+    with log.open("r+b") as handle:
+        handle.truncate(offset)
+
+
+# -- the commands -----------------------------------------------------------------------------
+
+
+def test_ui_refuses_a_bind_other_machines_can_reach_unless_told(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["ui", "--http", "0.0.0.0:0"]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+
+
+@pytest.fixture
+def serve_with_ui(tmp_path: Path) -> Iterator[str]:
+    settings = ["--set", f"telemetry.path={tmp_path}/e.ndjson", "--set", f"transcripts.dir={tmp_path}/t"]
+    command = [sys.executable, "-m", "conclave", "serve", "--http", "127.0.0.1:0", "--set", "server.ui=true"]
+    env = {k: v for k, v in os.environ.items() if k != "CONCLAVE_CONFIG"}
+    server = subprocess.Popen([*command, *settings], stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/mcp", line)
+        assert found and "/ui/" in line, line
+        yield f"http://127.0.0.1:{found[1]}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_serve_http_shows_the_page_at_ui_with_the_same_guard(serve_with_ui: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=serve_with_ui) as http:
+        page = await http.get("/ui/")
+        assert page.status_code == 200 and page.headers["content-security-policy"] == CSP
+        assert 'href="/ui/static/style.css"' in page.text and "No sessions yet" in page.text
+        assert (await http.get("/ui/static/app.js")).status_code == 200
+        assert (await http.get("/ui/", headers={"Origin": "http://attacker.example"})).status_code == 403
+        assert (await http.post("/ui/")).status_code == 405
+        assert (await http.get("/")).status_code == 404, "nothing else moved"
+
+
+@pytest.mark.anyio
+async def test_the_page_mounts_under_a_prefix_with_every_link_under_it(workdir: Path) -> None:
+    parent = web.Application()
+    mount(parent, workdir_config(workdir), bound_host="127.0.0.1")
+    async with TestClient(TestServer(parent)) as http:
+        html = await (await http.get("/ui/")).text()
+    links = re.findall(r'(?:href|src|data-fragment|data-events)="([^"]+)"', html)
+    assert links and all(link.startswith("/ui/") for link in links), links

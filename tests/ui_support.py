@@ -1,0 +1,88 @@
+"""Sessions for the page's tests, run for real against the simulated panel: the demo's two, a
+hostile one (a member fetches a page that carries markup and quotes it), and a slow one (members
+answer seconds apart, so a page can watch it run)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from conclave.config import Config, load_config
+from conclave.demo import demo_config
+from conclave.runner import run_tool
+from conclave.runtime import open_runtime
+from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.simulated import SIMULATED_MEMBERS
+
+# What a hostile page and a model quoting it write: were any of it taken as markup, `__pwned` is set.
+SCRIPT = "<script>window.__pwned=1</script>"
+IMG = '<img src="x" onerror="window.__pwned=2">'
+HOSTILE_PAGE = """<!doctype html><html><head><title>Totally normal page</title>
+<script>window.__pwned=3</script></head>
+<body><p>Read this: &lt;script&gt;window.__pwned=1&lt;/script&gt; and
+&lt;img src="x" onerror="window.__pwned=2"&gt;</p></body></html>
+"""
+HOSTILE_ANSWER = f"The page says: {SCRIPT} {IMG} (quoted as it was written)."
+
+
+def workdir_config(workdir: Path) -> Config:
+    """The packaged config, writing its event log and transcripts under `workdir`."""
+    overrides = [f"telemetry.path={workdir}/events.ndjson", f"transcripts.dir={workdir}/transcripts"]
+    return load_config(None, overrides=overrides, env={}, dotenv=None)
+
+
+def model(member: str) -> str:
+    return SIMULATED_MEMBERS[member][1]
+
+
+@contextlib.asynccontextmanager
+async def hostile_site() -> AsyncIterator[int]:
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text=HOSTILE_PAGE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+async def hostile_session(base: Config, session_id: str) -> dict[str, Any]:
+    """sim-openai fetches the hostile page and quotes its markup in its answer."""
+    async with SimPanel() as panel, hostile_site() as port:
+        url = f"http://127.0.0.1:{port}/page"
+        fetches = Scenario(
+            replies=(Reply(tool_calls=(NativeCall("fetch", {"url": url}),)),),
+            rules=(Rule("<tool_result", Reply(text=HOSTILE_ANSWER)),),
+        )
+        panel.set_scenario(model("sim-openai"), fetches)
+        config = demo_config(base, panel, port)
+        args = {
+            "question": f"What does {url} say? {SCRIPT}",
+            "providers": ["sim-openai", "sim-gemini"],
+            "worker_tools": ["fetch"],
+            "session_id": session_id,
+        }
+        async with open_runtime(config) as runtime:
+            return await run_tool(runtime, "confer", args, None)
+
+
+async def slow_session(base: Config, session_id: str, latencies: Mapping[str, float]) -> dict[str, Any]:
+    """A confer whose members answer after the given seconds each."""
+    async with SimPanel() as panel:
+        for member, seconds in latencies.items():
+            panel.set_scenario(model(member), Scenario(latency_ms=seconds * 1000))
+        config = demo_config(base, panel, 0)
+        config = dataclasses.replace(config, telemetry=base.telemetry, transcripts=base.transcripts)
+        args = {"question": "Which is slowest?", "providers": list(latencies), "session_id": session_id}
+        async with open_runtime(config) as runtime:
+            return await run_tool(runtime, "confer", args, None)
