@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
 from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode, Toolset
-from conclave.worker.leaks import leaks
+from conclave.worker.leaks import leaks, leaks_across
 from conclave.worker.untrusted import new_nonce, wrap_refusal, wrap_result
 
 WORKER_ALLOWLIST = frozenset({"fetch", "verify"})  # hard: no LLM-spawning tool, ever
@@ -102,6 +102,11 @@ class _TurnState:
     final_round: bool = False
     final_reason: str | None = None
     nonces: list[str] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)  # the arguments of the calls let through, as JSON
+
+    def secrets(self) -> list[str]:
+        """What a worker must never write out: the canary, and the nonce of every result so far."""
+        return [self.turn.canary, *self.nonces] if self.turn.canary else list(self.nonces)
 
 
 Step = Callable[[_TurnState], Awaitable["Step | None"]]
@@ -200,11 +205,12 @@ class WorkerLoop:
         async def run(index: int, call: Call, hop: int, nonce: str, refused: ToolRefused | None) -> None:
             done[index] = await self._dispatch(state, call, hop, nonce, refused)
 
+        spelled_across = self._leak_across_calls(state, decoded.calls)
         async with anyio.create_task_group() as group:
             for index, call in enumerate(decoded.calls):
                 hop, nonce = state.hops.used + 1, new_nonce()
                 state.nonces.append(nonce)
-                group.start_soon(run, index, call, hop, nonce, _spend_hop(state.hops))
+                group.start_soon(run, index, call, hop, nonce, _spend_hop(state.hops) or spelled_across)
         returned = []
         for call, (inner, wrapped) in zip(decoded.calls, done, strict=True):
             state.outcome.inner_tool_calls.append(inner)
@@ -217,7 +223,7 @@ class WorkerLoop:
 
     async def _finish(self, state: _TurnState) -> Step | None:
         turn = state.turn
-        leaked = leaks(state.outcome.text, [turn.canary, *state.nonces] if turn.canary else state.nonces)
+        leaked = leaks(state.outcome.text, state.secrets())
         if leaked:
             state.outcome.warnings.append("canary_leak")
             self._emit("canary_leak", state, what="canary" if turn.canary in leaked else "nonce")
@@ -292,15 +298,30 @@ class WorkerLoop:
     def _check_smuggling(self, state: _TurnState, args: dict[str, Any]) -> None:
         """The canary or a nonce in a tool call's arguments is a leak on its way out (e.g. a URL
         query to an attacker's server): flag it and never send it."""
-        secrets = [state.turn.canary, *state.nonces] if state.turn.canary else state.nonces
-        leaked = leaks(json.dumps(args, ensure_ascii=False), secrets)
-        if leaked:
-            if "canary_leak" not in state.outcome.warnings:
-                state.outcome.warnings.append("canary_leak")
-            self._emit("canary_leak", state, what="canary" if state.turn.canary in leaked else "nonce")
-            raise ToolRefused(
-                "the call's arguments carry a confidential marker; it was not run", reason="canary_leak"
-            )
+        text = _arguments_text(args)
+        if leaked := leaks(text, state.secrets()):
+            raise self._smuggled(state, leaked, "the call's arguments carry a confidential marker")
+        state.sent.append(text)
+
+    def _leak_across_calls(self, state: _TurnState, calls: Sequence[Call]) -> ToolRefused | None:
+        """A secret spelled across calls (half of it in one call's URL, the rest in the next
+        call's, or in two calls of one round) leaks as surely as in one. So the round's
+        arguments are read together with those already let through this turn; if together
+        they carry a secret, none of the round's calls runs."""
+        texts = [_arguments_text(call.args) for call in calls if call.args is not None]
+        if not texts or len(texts) + len(state.sent) < 2:
+            return None  # a lone call is checked on its own
+        if not (leaked := leaks_across([*state.sent, *texts], state.secrets())):
+            return None
+        return self._smuggled(
+            state, leaked, "with the calls made before it, this call's arguments spell a confidential marker"
+        )
+
+    def _smuggled(self, state: _TurnState, leaked: list[str], why: str) -> ToolRefused:
+        if "canary_leak" not in state.outcome.warnings:
+            state.outcome.warnings.append("canary_leak")
+        self._emit("canary_leak", state, what="canary" if state.turn.canary in leaked else "nonce")
+        return ToolRefused(f"{why}; it was not run", reason="canary_leak")
 
     def _refused(
         self, state: _TurnState, hop: int, name: str | None, nonce: str, exc: ToolRefused, started: float
@@ -431,3 +452,8 @@ def _record(out: WorkerOutcome, completion: Completion) -> None:
 
 
 __all__ = ["WORKER_ALLOWLIST", "InnerCall", "WorkerLoop", "WorkerOutcome", "WorkerTurn"]
+
+
+def _arguments_text(args: dict[str, Any]) -> str:
+    """A call's arguments as the text leak detection reads (as the model wrote them)."""
+    return json.dumps(args, ensure_ascii=False)
