@@ -233,3 +233,25 @@ def test_a_worker_that_keeps_dying_at_once_stops_the_group(tmp_path: Path) -> No
     assert served.process.stderr is not None
     said = served.process.stderr.read()
     assert "times in a row right after starting; stopping" in said
+
+
+async def test_with_redis_any_worker_answers_for_a_task_another_one_runs(
+    panel: SimPanel, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = panel_config(panel, tmp_path, state={"backend": "redis", "namespace": "workers"})
+    served = Served(config, tmp_path, "--workers", "2", env={"CONCLAVE_REDIS_URL": redis_server.url})
+    try:
+        workers = psutil.Process(served.process.pid).children()
+        task_id = await start_task(served.url)
+        seen = []
+        for _ in range(12):  # each on a new connection, which the kernel gives either worker
+            seen.append((await task_on(served.url, task_id))["status"])
+        with anyio.fail_after(20):
+            while seen[-1] == "working":
+                await anyio.sleep(0.1)
+                seen.append((await task_on(served.url, task_id))["status"])
+        busy = [w.cpu_times().user + w.cpu_times().system for w in workers]
+    finally:
+        served.stop()
+    assert set(seen) <= {"working", "completed"} and seen[-1] == "completed", seen
+    assert min(busy) > 0, "both workers did work"
