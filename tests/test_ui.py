@@ -98,7 +98,11 @@ def test_a_confer_reads_as_answers_side_by_side_with_each_hop_and_its_neutralize
     (hop,) = fetcher.calls
     assert (hop.number, hop.tool, hop.status) == (1, "fetch", "ok")
     assert hop.result is not None and "<untrusted_input>" in hop.result and "47 metres tall" in hop.result
+    assert not hop.said and hop.arguments is not None, "a native call: its arguments are the call"
+    assert "/lighthouse" in hop.arguments
     assert "<tool_call>" in (answers["sim-gemini"].calls[0].said or ""), "the tag the model wrote is the call"
+    html = view_of(sessions, summary.session_id)
+    assert "fetch {" in html and "/lighthouse&quot;" in html, "the native call shown with its arguments"
     assert view.review is not None and view.review.top == "sim-gemini" and len(view.review.rankings) == 3
     assert view.review.aggregate[0]["provider"] == "sim-gemini"
     assert view.synthesis is not None and view.synthesis.provider == "sim-anthropic"

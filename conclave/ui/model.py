@@ -9,6 +9,7 @@ from another version, or a hand-edited one, shows what it has instead of failing
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,8 @@ Key = tuple[str | None, str, int | None]  # (role, provider, round) of one membe
 @dataclass(frozen=True, slots=True)
 class Hop:
     """One tool call inside a member's turn: what the model wrote to make it (the tag, for the tag
-    protocol; nothing, for a native call), the call's outcome, and the neutralized result that was
-    fed back to the model."""
+    protocol; nothing, for a native call), the arguments it gave, the call's outcome, and the
+    neutralized result that was fed back to the model."""
 
     number: int
     tool: str
@@ -31,6 +32,7 @@ class Hop:
     reason: str | None = None
     said: str | None = None
     result: str | None = None
+    arguments: str | None = None  # as JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +214,18 @@ def _hops(exchanges: Iterable[Any]) -> tuple[Hop, ...]:
                 reason=_text(call.get("reason")),
                 said=said,
                 result=_text(exchange.get("tool_result")),
+                arguments=_arguments(exchange.get("arguments")),
             )
         )
         said = None  # a second call in the same model turn was written by the same text
     return tuple(hops)
+
+
+def _arguments(raw: Any) -> str | None:
+    """A call's arguments as indented JSON; transcripts from before they were kept have none."""
+    if not isinstance(raw, dict):
+        return None
+    return json.dumps(raw, ensure_ascii=False, indent=2)
 
 
 def _exchanges(transcript: Mapping[str, Any]) -> dict[Key, list[Any]]:

@@ -258,7 +258,12 @@ def _calls(calls: Sequence[Hop]) -> Safe | None:
 def _hop(hop: Hop) -> Safe:
     reason = f" · {hop.reason}" if hop.reason else ""
     summary = el("summary", f"hop {hop.number} · {hop.tool} · ", status_badge(hop.status), reason)
-    call = el("pre", hop.said, class_="call") if hop.said else el("p", "(a native tool call)", class_="muted")
+    if hop.said:  # the tag the model wrote
+        call = el("pre", hop.said, class_="call")
+    elif hop.arguments is not None:  # a native call: its name and arguments
+        call = el("pre", f"{hop.tool} {hop.arguments}", class_="call")
+    else:
+        call = el("p", "(a native tool call; its arguments were not kept)", class_="muted")
     result = el("pre", hop.result, class_="result") if hop.result is not None else None
     return el(
         "details", summary, el("h4", "call"), call, el("h4", "result, as fed back (neutralized)"), result

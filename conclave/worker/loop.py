@@ -214,8 +214,13 @@ class WorkerLoop:
         returned = []
         for call, (inner, wrapped) in zip(decoded.calls, done, strict=True):
             state.outcome.inner_tool_calls.append(inner)
-            state.outcome.exchanges.append(
-                {"hop": inner.hop, "tool_call": inner.to_dict(), "tool_result": wrapped}
+            state.outcome.exchanges.append(  # the arguments as the model wrote them (None: unreadable)
+                {
+                    "hop": inner.hop,
+                    "tool_call": inner.to_dict(),
+                    "arguments": call.args,
+                    "tool_result": wrapped,
+                }
             )
             returned.append(Returned(call, wrapped, inner.status != "ok"))
         state.messages += state.encoding.write_back(completion, decoded, returned)
