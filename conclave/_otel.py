@@ -42,6 +42,8 @@ class _OtelSpan:
 class OtelTracer:
     """Spans from `provider` and metrics from `meters` (their processors and readers export them)."""
 
+    recording = True
+
     def __init__(self, provider: TracerProvider, meters: MeterProvider | None = None) -> None:
         self._provider = provider
         self._meters = meters or MeterProvider()

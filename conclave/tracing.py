@@ -30,6 +30,8 @@ class Span(Protocol):
 
 
 class Tracer(Protocol):
+    recording: bool  # False: spans are null, so callers need not build their attributes
+
     def span(
         self, name: str, *, kind: str = "internal", traceparent: str | None = None, **attributes: Any
     ) -> AbstractContextManager[Span]:
@@ -75,6 +77,8 @@ _NO_SPAN_CONTEXT = _NoSpanContext()
 
 class NoTracer:
     """Tracing off: one shared null span, nothing recorded."""
+
+    recording = False
 
     def span(
         self, name: str, *, kind: str = "internal", traceparent: str | None = None, **attributes: Any

@@ -86,7 +86,12 @@ class ProviderClient:
 
     async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant), in its
-        `chat {model}` span."""
+        `chat {model}` span when spans are recorded."""
+        if not self._telemetry.tracer.recording:
+            return await self._complete(request, deadline)
+        return await self._traced(request, deadline)
+
+    async def _traced(self, request: CompletionRequest, deadline: float) -> Completion:
         chat: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": PROVIDER_NAMES.get(self.entry.kind, self.entry.kind),
