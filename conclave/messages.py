@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, Literal, Protocol
 
@@ -180,4 +180,4 @@ class Completer(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion: ...
+    def complete(self, request: CompletionRequest, *, deadline: float) -> Awaitable[Completion]: ...

@@ -204,22 +204,35 @@ class Deliberation(Protocol[Result]):
         """How many answers, and how many of them are usable, for `session_end`."""
 
 
-async def run_session(session: Session, deliberation: Deliberation[Result]) -> Result:
-    tracer = session.runtime.telemetry.tracer
+def run_session(session: Session, deliberation: Deliberation[Result]) -> Awaitable[Result]:
+    """The call, in its `invoke_workflow` span when spans are recorded. (Not a coroutine
+    function itself: it hands back the one that does the work, so tracing that is off adds no
+    layer to the call's await chain; performance.md.)"""
+    if session.runtime.telemetry.tracer.recording:
+        return _traced(session, deliberation)
+    return _closed(session, deliberation)
+
+
+async def _traced(session: Session, deliberation: Deliberation[Result]) -> Result:
     workflow: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_workflow",
         "gen_ai.conversation.id": session.id,
         "conclave.tool": session.tool,
     }
-    with (
-        bind_session(session.id),
-        tracer.span(f"invoke_workflow {session.tool}", traceparent=caller_traceparent(), **workflow) as span,
-    ):
+    tracer = session.runtime.telemetry.tracer
+    with tracer.span(f"invoke_workflow {session.tool}", traceparent=caller_traceparent(), **workflow) as span:
+        result = await _closed(session, deliberation)
+        span.set(**{"conclave.degraded": result.degraded, "conclave.dry_run": session.dry_run})
+        return result
+
+
+async def _closed(session: Session, deliberation: Deliberation[Result]) -> Result:
+    """The session, bound to the events written meanwhile, with its session id claimed while it
+    runs, and closed in the event log even when the call is cancelled."""
+    with bind_session(session.id):
         try:
             async with _claimed(session):
-                result = await _run(session, deliberation)
-            span.set(**{"conclave.degraded": result.degraded, "conclave.dry_run": session.dry_run})
-            return result
+                return await _run(session, deliberation)
         except anyio.get_cancelled_exc_class():
             # A cancelled call still closes its session, so nothing built on the log mistakes it
             # for a call still running.

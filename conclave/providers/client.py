@@ -84,12 +84,13 @@ class ProviderClient:
     def name(self) -> str:
         return self.entry.name
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
+    def complete(self, request: CompletionRequest, *, deadline: float) -> Awaitable[Completion]:
         """Ask the model once (with retries), by `deadline` (a `clock()` instant), in its
-        `chat {model}` span when spans are recorded."""
-        if not self._telemetry.tracer.recording:
-            return await self._complete(request, deadline)
-        return await self._traced(request, deadline)
+        `chat {model}` span when spans are recorded. (Not a coroutine function itself, as
+        `WorkerLoop.run`: tracing that is off costs the call nothing; performance.md.)"""
+        if self._telemetry.tracer.recording:
+            return self._traced(request, deadline)
+        return self._complete(request, deadline)
 
     async def _traced(self, request: CompletionRequest, deadline: float) -> Completion:
         chat: dict[str, Any] = {

@@ -132,22 +132,34 @@ class WorkerLoop:
     def tags_only(self, provider: str) -> bool:
         return provider in self._tags_only
 
-    async def run(self, turn: WorkerTurn) -> WorkerOutcome:
-        """The whole turn; a provider failure or a bug is recorded on the outcome, never raised."""
+    def run(self, turn: WorkerTurn) -> Awaitable[WorkerOutcome]:
+        """The whole turn, in its `invoke_agent` span when spans are recorded; a provider failure
+        or a bug is recorded on the outcome, never raised. (Not a coroutine function itself: it
+        hands back the one that does the work, so no layer is added to every turn's await chain
+        for tracing that is off; performance.md.)"""
         unknown = [t for t in turn.tools if t not in WORKER_ALLOWLIST]
         if unknown:
             raise ValueError(f"worker tools outside the allowlist: {unknown}")
-        started = time.perf_counter()
-        mode: ToolMode = "tags" if self.tags_only(turn.provider.name) else turn.tool_mode
+        return self._traced(turn) if self._telemetry.tracer.recording else self._turn(turn)
+
+    async def _traced(self, turn: WorkerTurn) -> WorkerOutcome:
+        tracer = self._telemetry.tracer
         agent: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": turn.provider.name,
             "conclave.role": turn.role,
         }
-        with (
-            session(turn.session_id),
-            self._telemetry.tracer.span(f"invoke_agent {turn.provider.name}", **agent) as span,
-        ):
+        with tracer.span(f"invoke_agent {turn.provider.name}", **agent) as span:
+            outcome = await self._turn(turn)
+            span.set(**{"conclave.hops": outcome.hops, "conclave.tool_mode": outcome.tool_mode})
+            if outcome.error is not None:
+                span.fail(outcome.error.code)
+        return outcome
+
+    async def _turn(self, turn: WorkerTurn) -> WorkerOutcome:
+        started = time.perf_counter()
+        mode: ToolMode = "tags" if self.tags_only(turn.provider.name) else turn.tool_mode
+        with session(turn.session_id):
             state = await self._drive(turn, mode)
             # Only a first call is re-run: a refusal after native hops is a broken history, and
             # what those hops cost must not be spent twice.
@@ -155,9 +167,6 @@ class WorkerLoop:
                 self._tags_only.add(turn.provider.name)
                 state = await self._drive(turn, "tags")
                 state.outcome.warnings.append("native_tools_unsupported")
-            span.set(**{"conclave.hops": state.outcome.hops, "conclave.tool_mode": state.encoding.mode})
-            if state.outcome.error is not None:
-                span.fail(state.outcome.error.code)
         state.outcome.latency_ms = (time.perf_counter() - started) * 1000.0
         state.outcome.cost_cap = state.cost.report() if turn.tools else None
         state.outcome.tool_mode = state.encoding.mode if turn.tools else None
