@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from conclave import schemas
@@ -112,3 +113,32 @@ async def test_a_tools_call_checks_its_arguments_against_the_schema_exactly_once
     assert checked.count(f"{tool}.input.json") == 2  # once for the good call, once for the bad one
     assert bad["result"]["isError"] is True
     assert "nope" in bad["result"]["content"][0]["text"]
+
+
+async def test_a_session_id_still_running_is_refused_with_its_reason(tmp_path: Path) -> None:
+    from conclave.config import load_config
+    from conclave.sim import SimPanel
+    from tests.server_support import panel_config
+
+    call = {"name": "confer", "arguments": {"question": "Which?", "session_id": "s-once"}}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+    replies: list[dict[str, Any]] = []
+    async with SimPanel(latency_ms=300) as panel:
+        config = load_config(str(panel_config(panel, tmp_path)), env={}, dotenv=None)
+        async with open_runtime(config) as rt:
+            server = Server(rt)
+
+            async def send(delay: float, request_id: int) -> None:
+                await anyio.sleep(delay)
+                replies.append(await server.handle_message({**message, "id": request_id}, nowhere))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(send, 0.0, 1)
+                group.start_soon(send, 0.1, 2)
+            again = await server.handle_message({**message, "id": 3}, nowhere)
+    refused, done = sorted(replies, key=lambda r: r["id"], reverse=True)
+    assert refused["id"] == 2 and refused["error"]["code"] == -32602
+    assert refused["error"]["data"] == {"reason": "session_in_flight"}
+    assert "still running" in refused["error"]["message"]
+    assert done["result"]["structuredContent"]["session_id"] == "s-once"
+    assert again["result"]["structuredContent"]["session_id"] == "s-once", "free again once it ended"
