@@ -230,7 +230,8 @@ def _add_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="with --http: N processes accepting on the one port (they share state only through "
         "Redis: state.backend)",
     )
-    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a worker of --workers
+    # A worker of --workers: SO_REUSEPORT beside the others, and gone when this process is.
+    serve.add_argument("--worker-of", type=int, metavar="PID", help=argparse.SUPPRESS)
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -605,7 +606,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return _serve_workers(args, host, port)
-    _serve_until_interrupted(server.serve_http, config, host, port, args.reuse_port)
+    _serve_until_interrupted(server.serve_http, config, host, port, args.worker_of)
     return 0
 
 

@@ -255,3 +255,13 @@ async def test_with_redis_any_worker_answers_for_a_task_another_one_runs(
         served.stop()
     assert set(seen) <= {"working", "completed"} and seen[-1] == "completed", seen
     assert min(busy) > 0, "both workers did work"
+
+
+def test_a_worker_whose_supervisor_is_already_gone_stops_at_once(tmp_path: Path) -> None:
+    """The supervisor may die between a worker's start and its first look at its parent."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"telemetry: {{path: {tmp_path / 'events.ndjson'}}}\n", encoding="utf-8")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    served = Served(config, tmp_path, f"--worker-of={gone.pid}")
+    assert served.process.wait(15) == 0, "no worker is left serving on its own"

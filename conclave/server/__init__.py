@@ -12,9 +12,9 @@ async def serve_stdio(config: Config) -> None:
     await run_stdio(config)
 
 
-async def serve_http(config: Config, host: str, port: int, reuse_port: bool = False) -> None:
+async def serve_http(config: Config, host: str, port: int, worker_of: int | None = None) -> None:
     """Serve MCP Streamable HTTP on /mcp and plain JSON-RPC on POST /rpc until cancelled;
-    `reuse_port`: beside the other workers of `serve --workers` (SO_REUSEPORT)."""
+    `worker_of`: as a worker of `serve --workers` whose supervisor has this pid."""
     from conclave.server.http import run_http
 
-    await run_http(config, host, port, reuse_port=reuse_port)
+    await run_http(config, host, port, worker_of=worker_of)

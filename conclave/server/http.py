@@ -9,6 +9,7 @@ about the protocol itself come with their own status: 400, or 404 for a method n
 from __future__ import annotations
 
 import base64
+import contextlib
 import binascii
 import os
 import sys
@@ -40,7 +41,9 @@ from conclave.webguard import allowed_hosts, origin_allowed
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = False) -> None:
+async def run_http(config: Config, host: str, port: int, *, worker_of: int | None = None) -> None:
+    """Serve until cancelled. `worker_of`: this is a worker of `serve --workers`, accepting on
+    the port beside the others (SO_REUSEPORT), and it stops once that supervisor is gone."""
     async with serving(config) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
         app = build_app(server, bound_host=host)
@@ -50,7 +53,7 @@ async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = F
             mount(app, config, bound_host=host)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+        site = web.TCPSite(runner, host, port, reuse_port=worker_of is not None or None)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
         page = ", the session page on /ui/" if config.server.ui else ""
@@ -58,21 +61,22 @@ async def run_http(config: Config, host: str, port: int, *, reuse_port: bool = F
             f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc{page}", file=sys.stderr
         )
         try:
-            if reuse_port:  # a worker of `serve --workers`: it goes when its supervisor goes
-                await _until_orphaned()
+            if worker_of is not None:
+                await _while_supervised(worker_of)
             else:
                 await anyio.sleep_forever()
         finally:
             await runner.cleanup()
 
 
-async def _until_orphaned() -> None:
-    """Return once the process that started this one is gone (killed, say, without the chance
-    to stop its workers), so no worker is left serving on its own."""
-    parent = os.getppid()
-    while os.getppid() == parent:  # noqa: ASYNC110 - nothing signals a parent's death: poll
+async def _while_supervised(supervisor: int) -> None:
+    """Return once the supervisor is no longer this process's parent (killed, say, without the
+    chance to stop its workers, perhaps even before this worker got here), so no worker is left
+    serving on its own."""
+    while os.getppid() == supervisor:  # noqa: ASYNC110 - nothing signals a parent's death: poll
         await anyio.sleep(1.0)
-    print("conclave: the supervising process is gone; this worker stops", file=sys.stderr)
+    with contextlib.suppress(OSError):  # its stderr went with it, most likely
+        print("conclave: the supervising process is gone; this worker stops", file=sys.stderr)
 
 
 def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Application:

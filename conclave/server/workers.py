@@ -11,6 +11,7 @@ SPEC §10 with Redis."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -93,7 +94,7 @@ class Supervisor:
             "serve",
             "--http",
             f"[{self._host}]:{self.port}" if ":" in self._host else f"{self._host}:{self.port}",
-            "--reuse-port",
+            f"--worker-of={os.getpid()}",
             *self._serve_args,
         ]
         # our own interpreter and CLI, with the arguments this command was given
