@@ -9,8 +9,8 @@ about the protocol itself come with their own status: 400, or 404 for a method n
 from __future__ import annotations
 
 import base64
-import contextlib
 import binascii
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
