@@ -139,7 +139,7 @@ def report(cells: list[dict[str, Any]], high: Point, load: Point, reps: int) -> 
     print(f"  raw aiohttp fan-out:        {fmt(raw)}   (workers 2 = {ratio(two, raw)} x raw)")
     print(f"confer K=5 N={load.n} (ideal {load.n * 1000 / LATENCY_MS:.0f}/s), serve --http, confers/s:")
     print(f"  state.backend memory:       {fmt(mem)}")
-    fewer = f"{1 - red / mem:.1%} fewer" if red and mem else "n/a"
+    fewer = f"{abs(1 - red / mem):.1%} {'fewer' if red < mem else 'more'}" if red and mem else "n/a"
     print(f"  state.backend redis:        {fmt(red)}   ({fewer}; target <= 15 %)")
 
 
