@@ -197,14 +197,14 @@ def reviewer_envelope(session_id: str, reviewer: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def page_server() -> AsyncIterator[int]:
+async def page_server(text: str = LIGHTHOUSE_PAGE, path: str = "/lighthouse") -> AsyncIterator[int]:
     """A one-page web site on an ephemeral loopback port, for `fetch` to reach; yields the port."""
 
     async def page(_request: web.Request) -> web.Response:
-        return web.Response(text=LIGHTHOUSE_PAGE, content_type="text/html")
+        return web.Response(text=text, content_type="text/html")
 
     app = web.Application()
-    app.router.add_get("/lighthouse", page)
+    app.router.add_get(path, page)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:

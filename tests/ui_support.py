@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from conclave.config import Config, load_config
-from conclave.demo import demo_config
+from conclave.demo import demo_config, page_server
 from conclave.runner import run_tool
 from conclave.runtime import open_runtime
 from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
@@ -40,20 +38,9 @@ def model(member: str) -> str:
     return SIMULATED_MEMBERS[member][1]
 
 
-@contextlib.asynccontextmanager
-async def hostile_site() -> AsyncIterator[int]:
-    async def page(_request: web.Request) -> web.Response:
-        return web.Response(text=HOSTILE_PAGE, content_type="text/html")
-
-    app = web.Application()
-    app.router.add_get("/page", page)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
+def hostile_site() -> contextlib.AbstractAsyncContextManager[int]:
+    """A page whose markup would run, were it ever treated as markup; yields its port."""
+    return page_server(HOSTILE_PAGE, "/page")
 
 
 async def hostile_session(base: Config, session_id: str) -> dict[str, Any]:
