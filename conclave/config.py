@@ -439,20 +439,27 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
 
 
 def _check_state(raw: dict[str, Any], path: Path) -> None:
-    """`state.backend: redis` needs a Redis to name and the client to reach it."""
     state = raw.get("state", {})
-    if state.get("backend") != "redis":
-        return
-    if not state.get("redis_url"):
-        raise ConfigError(
+    if problem := redis_backend_problem(state.get("backend", "memory"), state.get("redis_url")):
+        raise ConfigError(f"{problem} (in {path})")
+
+
+def redis_backend_problem(backend: str, redis_url: str | None) -> str | None:
+    """What keeps `state.backend: redis` from working (no Redis named, or no client to reach
+    it), as a one-line config error with its fix; None when nothing does."""
+    if backend != "redis":
+        return None
+    if not redis_url:
+        return (
             f"config: state.backend is redis but no Redis is named: set the environment variable "
-            f"{REDIS_URL_ENV} (e.g. redis://127.0.0.1:6379/0) or state.redis_url (in {path})"
+            f"{REDIS_URL_ENV} (e.g. redis://127.0.0.1:6379/0) or state.redis_url"
         )
     if importlib.util.find_spec("redis") is None:
-        raise ConfigError(
+        return (
             "config: state.backend is redis but the redis package is not installed: install "
-            f"conclave[redis] (pip install 'conclave[redis]'), or use state.backend: memory (in {path})"
+            "conclave[redis] (pip install 'conclave[redis]'), or use state.backend: memory"
         )
+    return None
 
 
 def _password(url: str) -> str | None:

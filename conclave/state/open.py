@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 from conclave.breaker import Clock
-from conclave.config import Config
+from conclave.config import Config, redis_backend_problem
 from conclave.errors import ConfigError
 from conclave.state.base import StateBackend
 from conclave.state.memory import MemoryState
@@ -19,22 +19,15 @@ from conclave.telemetry import Telemetry
 async def open_state(
     config: Config, telemetry: Telemetry, *, clock: Clock = time.monotonic
 ) -> AsyncIterator[StateBackend]:
-    if config.state.backend != "redis":
+    settings = config.state
+    if problem := redis_backend_problem(settings.backend, settings.redis_url):  # a Config built in code
+        raise ConfigError(problem)
+    if settings.backend != "redis" or settings.redis_url is None:
         yield MemoryState(config, clock=clock)
         return
-    url = config.state.redis_url
-    if not url:
-        raise ConfigError(
-            "config: state.backend is redis but no Redis is named: set CONCLAVE_REDIS_URL "
-            "(e.g. redis://127.0.0.1:6379/0) or state.redis_url"
-        )
-    try:
-        from conclave.state.redis_backend import open_redis_state
-    except ImportError:
-        raise ConfigError(
-            "config: state.backend is redis but the redis package is not installed: install "
-            "conclave[redis] (pip install 'conclave[redis]'), or use state.backend: memory"
-        ) from None
+    from conclave.state.redis_backend import open_redis_state
+
+    url = settings.redis_url
     async with open_redis_state(
         config, telemetry, clock=clock, url=url, shown_url=redis_url_shown(url)
     ) as state:

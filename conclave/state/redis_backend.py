@@ -251,10 +251,6 @@ class SharedSlots:
         self._lock = anyio.Lock()
         self._freed = anyio.Event()
 
-    @property
-    def held(self) -> int:
-        return self._held
-
     async def acquire(self, seconds: float) -> None:
         if self._in_use < self._held:
             self._take()
