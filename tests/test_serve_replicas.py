@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from conclave.sim import SimPanel
+from conclave.sim import Reply, Scenario, SimPanel
 from tests.redis_server import RedisServer
 from tests.server_support import panel_config
 from tests.support import read_events
@@ -151,6 +151,56 @@ async def test_a_task_started_on_one_replica_is_cancelled_through_the_other(
     ends = [e for e in read_events(tmp_path / "events.ndjson") if e["event"] == "session_end"]
     assert [e["status"] for e in ends] == ["cancelled"]
     assert (await task_on(one.url, task_id))["status"] == "cancelled"
+
+
+async def rpc(url: str, method: str, params: dict[str, Any] | None = None) -> Any:
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+    async with httpx.AsyncClient(timeout=20) as client:
+        reply = await client.post(f"{url}/rpc", json=message)
+    body = reply.json()
+    assert "result" in body, body
+    return body["result"]
+
+
+async def breaker_on(url: str, provider: str) -> str:
+    listed = await rpc(url, "list_providers")
+    return str(next(p["breaker"] for p in listed["providers"] if p["name"] == provider))
+
+
+async def breaker_shows(url: str, provider: str, state: str, seconds: float = 5) -> None:
+    with anyio.fail_after(seconds):
+        while await breaker_on(url, provider) != state:
+            await anyio.sleep(0.05)
+
+
+async def test_list_providers_on_a_replica_shows_the_breaker_another_one_opened_and_closed(
+    panel: SimPanel, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = panel_config(
+        panel,
+        tmp_path,
+        state={"backend": "redis", "namespace": "breakers"},
+        breakers={"failure_threshold": 1, "cooldown_seconds": 3},
+    )
+    env = {"CONCLAVE_REDIS_URL": redis_server.url}
+    one = Served(config, tmp_path, env=env)
+    try:
+        two = Served(config, tmp_path, env=env)  # only asked list_providers: never calls beta
+        try:
+            assert await breaker_on(two.url, "beta") == "closed"
+            panel.set_scenario("m-beta", Scenario(replies=(Reply(status=500),)))
+            assert (await rpc(one.url, "confer", {"question": "Which?"}))["degraded"]
+            await breaker_shows(two.url, "beta", "open")
+            panel.set_scenario("m-beta", Scenario())  # beta answers again
+            await breaker_shows(one.url, "beta", "half_open")  # the cooldown is over
+            trial = await rpc(one.url, "confer", {"question": "Which?"})
+            assert [a["status"] for a in trial["answers"]] == ["ok", "ok", "ok"]
+            await breaker_shows(two.url, "beta", "closed")
+        finally:
+            two.stop()
+    finally:
+        one.stop()
+    assert panel.calls("m-beta") == 2, "both calls to beta came from the first replica"
 
 
 def rpc_ok(url: str) -> bool:

@@ -4,6 +4,7 @@ on a session id; Redis going away and coming back loses nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,15 @@ import pytest
 import yaml
 from aiohttp import web
 
+from conclave.catalog import Invocation
 from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer
 from conclave.errors import BreakerOpen, ConfigError, ProviderError, SessionInFlight
 from conclave.messages import CompletionRequest
 from conclave.runtime import Runtime, open_runtime
+from conclave.server.handlers import run_list_providers
 from conclave.sim import SimPanel
-from conclave.state.redis_backend import RedisState
+from conclave.state.redis_backend import RedisState, Unavailable
 from tests.redis_server import RedisServer
 from tests.server_support import panel_config
 from tests.support import provider_entry, read_events
@@ -138,6 +141,59 @@ async def test_after_the_cooldown_one_trial_goes_through_for_both_replicas(
         assert await ask(two) == "fine"
     kinds = [e["event"] for e in read_events(events_path) if e["event"].startswith("breaker_")]
     assert kinds == ["breaker_open", "breaker_closed"]
+
+
+async def breakers_listed(runtime: Runtime) -> dict[str, str]:
+    """What `list_providers` reports for each provider's breaker, as a client sees it."""
+    listed = await run_list_providers({}, Invocation(runtime.tool_context, runtime))
+    return {provider["name"]: provider["breaker"] for provider in listed["providers"]}
+
+
+async def listed_eventually(runtime: Runtime, state: str, seconds: float = 5.0) -> None:
+    with anyio.fail_after(seconds):
+        while (await breakers_listed(runtime))["p"] != state:
+            await anyio.sleep(0.02)
+
+
+async def test_a_replica_that_never_called_a_provider_reports_and_enforces_its_breaker_as_redis_has_it(
+    make_config: Callable[..., Config], redis_server: RedisServer
+) -> None:
+    config = shared_config(make_config, redis_server, breakers={"failure_threshold": 2})
+    upstream = Upstream()
+    async with open_runtime(config, transport=upstream) as one:
+        opener = one.providers.get("p").breaker
+        for _ in range(2):
+            await opener.record_failure()
+        assert (await breakers_listed(one))["p"] == "open"
+        # A replica that starts now has never read this breaker: its first answer, and its first
+        # call, must already be Redis's, not a mirror's "closed" that nothing has read yet.
+        async with open_runtime(config, transport=upstream) as two:
+            assert (await breakers_listed(two))["p"] == "open"
+            with pytest.raises(BreakerOpen, match="after 2 consecutive failures"):
+                await ask(two)
+            assert upstream.requests == 0, "refused without a request, on the replica that never called"
+            await opener.record_success()
+            await listed_eventually(two, "closed")
+            upstream.failing = False
+            assert await ask(two) == "fine"
+
+
+async def test_list_providers_follows_a_breaker_another_replica_opens_and_closes(
+    make_config: Callable[..., Config], redis_server: RedisServer
+) -> None:
+    config = shared_config(make_config, redis_server, breakers={"failure_threshold": 1})
+    upstream = Upstream()
+    async with (
+        open_runtime(config, transport=upstream) as one,
+        open_runtime(config, transport=upstream) as two,
+    ):
+        assert (await breakers_listed(two))["p"] == "closed"
+        with pytest.raises(ProviderError):
+            await ask(one)
+        await listed_eventually(two, "open")
+        await one.providers.get("p").breaker.record_success()
+        await listed_eventually(two, "closed")
+    assert upstream.requests == 1, "the replica that reports never called the provider"
 
 
 async def test_the_concurrency_limit_holds_across_replicas(
@@ -283,6 +339,36 @@ async def test_redis_restarting_in_the_middle_of_a_load_loses_nothing(
     assert outages == ["state_backend_unavailable", "state_backend_restored"], "one event per outage"
 
 
+async def test_connections_idle_through_a_redis_restart_cost_no_second_outage(
+    make_config: Callable[..., Config], redis_server: RedisServer, events_path: Path
+) -> None:
+    config = shared_config(make_config, redis_server)
+    async with open_runtime(config) as replica:
+        assert isinstance(replica.state, RedisState)
+        link = replica.state.link
+
+        async def together() -> None:
+            """Commands at once, each on a connection of the pool's, as calls in a burst take them."""
+
+            async def one(index: int) -> None:
+                with contextlib.suppress(Unavailable):  # as a call would: it goes on locally
+                    await link.command("SET", f"t:together:{index}", "1")
+
+            async with anyio.create_task_group() as group:
+                for index in range(4):
+                    group.start_soon(one, index)
+
+        await together()
+        await anyio.to_thread.run_sync(redis_server.restart)
+        await eventually(lambda: not link.up)  # the maintenance loop found it gone
+        await eventually(lambda: link.up)
+        await together()
+        await together()
+        assert link.up
+    outages = [e["event"] for e in read_events(events_path) if e["event"].startswith("state_backend_")]
+    assert outages == ["state_backend_unavailable", "state_backend_restored"], "one restart, one outage"
+
+
 PASSWORD = "rds-canary-7f3a9c1e5b"
 
 
@@ -293,11 +379,12 @@ def test_a_password_in_the_url_works_and_is_never_shown(tmp_path: Path) -> None:
     server.start()
     try:
         (tmp_path / "config.yaml").write_text(
-            yaml.safe_dump({"state": {"backend": "redis"}, "panel": []}), encoding="utf-8"
+            yaml.safe_dump({"state": {"backend": "redis"}}), encoding="utf-8"
         )
-        good = conclave("doctor", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": server.url})
+        # the simulated panel: every provider in use answers, so only the state can fail
+        good = conclave("doctor", "--simulated", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": server.url})
         wrong = server.url.replace(PASSWORD, PASSWORD[::-1])
-        bad = conclave("doctor", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": wrong})
+        bad = conclave("doctor", "--simulated", cwd=tmp_path, env={"CONCLAVE_REDIS_URL": wrong})
     finally:
         server.stop()
     state_line = next(line for line in good.stdout.splitlines() if line.startswith("state:"))

@@ -39,7 +39,9 @@ async def run_list_providers(_args: Mapping[str, Any], invocation: Invocation) -
                 "key_present": config.key_present(name),
                 "in_panel": name in config.panel,
                 "roles": _roles_of(runtime, name) if name in in_use else [],
-                "breaker": runtime.providers.get(name).breaker.state,
+                # As the state backend has it (`current`), not as this replica last saw it: a
+                # breaker another replica opened shows here within a second, called here or not.
+                "breaker": await runtime.providers.get(name).breaker.current(),
                 "price_known": entry.price is not None,
                 "tool_mode": default_tool_mode(runtime, name),
             }

@@ -19,7 +19,12 @@ class Breaker(Protocol):
     name: str
 
     @property
-    def state(self) -> BreakerState: ...
+    def state(self) -> BreakerState:
+        """As this replica last knew it: no I/O."""
+
+    async def current(self) -> BreakerState:
+        """As the backend has it, within a second: what `list_providers` reports. A replica
+        whose copy may be older than that reads the shared state first."""
 
     async def check(self) -> None:
         """Raise BreakerOpen unless a call may go through now."""

@@ -24,6 +24,9 @@ class LocalBreaker:
     def state(self) -> BreakerState:
         return self.inner.state
 
+    async def current(self) -> BreakerState:
+        return self.inner.state
+
     async def check(self) -> None:
         self.inner.check()
 

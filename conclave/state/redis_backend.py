@@ -2,7 +2,9 @@
 
 Nothing here costs a round trip on a provider call's usual path. Each replica keeps a mirror of
 the shared breakers (read every `_SYNC_SECONDS`, and from every reply), so a closed breaker is
-checked locally; only failures, trials and the success that closes a breaker go to Redis. The
+checked locally; only failures, trials and the success that closes a breaker go to Redis. A
+mirror older than `_FRESH_SECONDS` (never read yet, or from before an outage) is read again
+before a call or `list_providers` relies on it, so both agree with Redis within a second. The
 concurrency limit is held as leases of slots in blocks: a replica takes a block when it runs
 out, gives back what it does not use, and renews its lease, so a dead replica's slots come
 back after `state.lease_seconds`. Egress budgets, task records and session claims are each one
@@ -15,6 +17,7 @@ brings the shared state back (`state_backend_restored`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -42,6 +45,11 @@ from conclave.state.memory import LocalSessions, MemoryState
 from conclave.telemetry import Telemetry
 
 _SYNC_SECONDS = 0.25  # how stale a replica's view of the shared breakers and cancels may be
+# The most a breaker's mirror may lag Redis when a call or `list_providers` relies on it: what
+# a replica enforces and reports agrees with Redis within a second (docs/deploying.md).
+# Past it the mirror is read again: a replica just started, or back from an outage, has not
+# read its mirrors since the last sync, and its "closed" would be a guess.
+_FRESH_SECONDS = 1.0
 _PROBE_SECONDS = 1.0  # while Redis is away, how often it is tried again
 _TICK_SECONDS = 0.1
 # Any failure of Redis itself (refused, timed out, a wrong password, a read-only replica after a
@@ -117,6 +125,10 @@ class Link:
     async def probe(self) -> bool:
         """Try Redis again; True when it is back (and say so once)."""
         try:
+            # A connection left idle in the pool through the outage may lead to a Redis that
+            # has since restarted, and the client notices only when a command fails on it: that
+            # would be a second outage, right after this one. Nothing uses the idle ones now.
+            await self.client.connection_pool.disconnect(inuse_connections=False)
             await self.client.ping()
         except _UNREACHABLE:
             return False
@@ -151,6 +163,8 @@ class SharedBreaker:
         self._state: BreakerState = "closed"
         self._failures = 0
         self._open_until = 0.0
+        self._read_at = -math.inf  # never read: stale, whatever the clock says
+        self._reading = anyio.Lock()
         self._trial = False
 
     @property
@@ -162,11 +176,32 @@ class SharedBreaker:
         return self._state
 
     def mirror(self, state: Any, failures: Any, left_ms: Any) -> None:
+        """Take what Redis just said of this breaker (a read, or the reply to a change)."""
+        self._read_at = self._clock()
         self._state = "open" if _text(state) == "open" else "closed"
         self._failures = int(failures)
-        self._open_until = self._clock() + int(left_ms) / 1000
+        self._open_until = self._read_at + int(left_ms) / 1000
+
+    async def current(self) -> BreakerState:
+        await self._read_if_stale()
+        return self.state
+
+    async def _read_if_stale(self) -> None:
+        """One round trip, only when the maintenance loop has not refreshed the mirror lately.
+        The calls that find it stale together (a burst as a replica starts) share one read, and
+        wait on the lock rather than each taking one of the pool's connections."""
+        if not self._stale():
+            return
+        async with self._reading:
+            if self._stale():
+                with contextlib.suppress(Unavailable):  # the link is down now: local state answers
+                    self.mirror(*await self._link.run("breaker_read", self.keys[:1], (self._cooldown_ms,)))
+
+    def _stale(self) -> bool:
+        return self._link.up and self._clock() - self._read_at >= _FRESH_SECONDS
 
     async def check(self) -> None:
+        await self._read_if_stale()
         if self._link.up:
             state = self.state
             if state == "closed":
