@@ -6,6 +6,9 @@ async with conclave.Conclave() as c:                  # one runtime for many cal
     result = await c.confer("Which option?")         # a ConferResult; .to_dict() is the JSON
     debate = await c.coordinate("Design the cache.")  # a CoordinateResult
 result = await conclave.confer("Which option?")      # one-shot; or conclave.confer_sync(...)
+
+async with conclave.SimulatedPanel() as sim:          # offline: simulated models and a local page
+    result = await conclave.confer("Which option?", config=sim.config)
 """
 
 from typing import Any
@@ -20,7 +23,7 @@ _API = (
     "coordinate",
     "coordinate_sync",
 )
-__all__ = ["__version__", *_API, "serving_gc"]
+__all__ = ["SimulatedPanel", "__version__", *_API, "serving_gc"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from conclave import api
 
         return getattr(api, name)
+    if name == "SimulatedPanel":  # for trying the API offline (see conclave.simulated)
+        from conclave.simulated import SimulatedPanel
+
+        return SimulatedPanel
     if name == "serving_gc":  # for hosts that serve many calls from one process (see gcpolicy)
         from conclave.gcpolicy import serving_gc
 

@@ -11,17 +11,19 @@ Two members call their tools natively (structured calls, SPEC §7); the third is
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
+import os
+import shlex
+import shutil
+import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
-from aiohttp import web
 
 from conclave.config import Config
 from conclave.deliberation import review
@@ -29,7 +31,8 @@ from conclave.render import Deliberation, progress_for, render, wants_colour
 from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
 from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
-from conclave.simulated import SIMULATED_MEMBERS, simulated_config
+from conclave.sim.page import page_server
+from conclave.simulated import SIMULATED_MEMBERS, allow_local_page, simulated_config
 from conclave.tail import Filters, backlog, format_event
 
 FETCHER, CHECKER, TAGGER = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
@@ -60,11 +63,6 @@ CHECKER_THINKING = "The user wants 17 x 23 checked; the verify tool settles arit
 TAIL_EVENTS = 14
 UI_COMMAND = "conclave ui"  # the CLI adds the --config and --set options the demo ran with
 UI_URL = "http://127.0.0.1:8780/"  # where `conclave ui` serves by default
-LIGHTHOUSE_PAGE = """<!doctype html>
-<html><head><title>Exampleville lighthouse</title></head>
-<body><h1>Exampleville lighthouse</h1>
-<p>The Exampleville lighthouse is 47 metres tall. It was first lit in 1893.</p></body></html>
-"""
 
 # Phrases that appear only in one role's prompt (conclave/prompts/roles/*.user.txt), so one scripted
 # model can answer as critic and as synthesizer. A fed-back result opens with its tool's marker.
@@ -74,7 +72,10 @@ PROPOSER_ASK = "Write your proposal for this task"
 REVIEW_ASK = "Rank every one of these labels"  # confer's review (reviewer.user.txt)
 CHAIR_ASK = "Write the final answer to the question"  # confer's synthesis (chair.user.txt)
 CRITIC_ASK = "Review this proposal on your own"
+REVISION_ASK = "Revise your proposal in the light of these critiques"  # proposer_revision.user.txt
+SECOND_ROUND = "Review round 2."  # what critic.user.txt says in round 2
 SYNTHESIZER_ASK = "Write the final answer to the task"
+REVISED_BYTES = 25_600_000  # the revised budget: 10,000 entries of 2 KiB plus 512 bytes of overhead
 
 COORDINATE_TASK = (
     "Choose an eviction policy for an in-process cache of up to 10,000 API responses "
@@ -98,12 +99,26 @@ def _reply(payload: Mapping[str, Any] | str) -> Reply:
 
 
 def fetcher_script(page_url: str) -> Scenario:
-    """sim-openai (native): in confer, fetches the page, then answers from it; in coordinate, proposes."""
+    """sim-openai (native): in confer, fetches the page, then answers from it; in coordinate, proposes,
+    then revises in round 2 after sim-anthropic's critique."""
     proposal = {
         "proposal": "Use LRU eviction with a 10-minute TTL, capped at 10,000 entries (about 20 MB).",
         "rationale": "Recent responses are the likeliest to be asked again; the TTL bounds staleness.",
         "assumptions": ["Responses may be up to 10 minutes stale."],
         "confidence": 0.75,
+    }
+    revised = {
+        "proposal": "Use LRU eviction capped at 10,000 entries. Invalidate an entry when its resource is "
+        "written, and keep a 10-minute TTL only as a safety net for missed invalidations. Budget about "
+        "25 MB: 2 KiB per response plus about 512 bytes of per-entry overhead.",
+        "rationale": "Recent responses are the likeliest to be asked again; invalidating on writes keeps "
+        "hot entries cached while they are valid, and the TTL still bounds staleness.",
+        "assumptions": ["Every write goes through this service, so it can invalidate what it changes."],
+        "confidence": 0.85,
+        "revision_notes": "Took up sim-anthropic's major issue: entries are now invalidated on writes "
+        "and the TTL is only a safety net, so hot entries are no longer evicted while valid. Took up its "
+        "minor one too: the budget counts about 512 bytes of overhead per entry (25 MB, not 20 MB). "
+        "sim-gemini's cold start: the cache starts empty and fills on demand; no warm-up is needed.",
     }
     return Scenario(
         replies=(Reply(tool_calls=(NativeCall("fetch", {"url": page_url}),)),),
@@ -111,6 +126,7 @@ def fetcher_script(page_url: str) -> Scenario:
             Rule(
                 TOOL_RESULT, _reply("The Exampleville page I fetched says the lighthouse is 47 metres tall.")
             ),
+            Rule(REVISION_ASK, _reply(revised)),
             Rule(PROPOSER_ASK, _reply(proposal)),
         ),
     )
@@ -118,7 +134,7 @@ def fetcher_script(page_url: str) -> Scenario:
 
 def checker_script() -> Scenario:
     """sim-anthropic (native, thinking first): in confer, checks the arithmetic with verify; in
-    coordinate, critic and synthesizer."""
+    coordinate, critic (REVISE in round 1, ACCEPT of the revision in round 2) and synthesizer."""
     check = {"checks": [{"type": "math", "expression": "17 * 23", "expected": 391}]}
     critique = {
         "verdict": "revise",
@@ -133,19 +149,30 @@ def checker_script() -> Scenario:
         "summary": "Sound choice; the TTL policy needs a second look.",
         "confidence": 0.7,
     }
+    accepted = {
+        "verdict": "accept",
+        "issues": [],
+        "summary": "The revision answers both issues: write invalidation keeps hot entries, and the "
+        "budget now counts per-entry overhead.",
+        "confidence": 0.85,
+    }
     synthesis = {
         "answer": "Use LRU eviction capped at 10,000 entries, invalidated on writes, with a 10-minute TTL "
         "as a safety net for missed invalidations. Budget about 25 MB including per-entry overhead.",
-        "resolved": ["TTL vs invalidation: invalidate on writes, keep the TTL only as a safety net."],
-        "dissent": ["sim-gemini would accept the plain TTL; sim-anthropic prefers write invalidation."],
-        "confidence": 0.8,
-        "rationale": "Keeps the proposal's LRU core and takes up the critic's major issue.",
+        "resolved": [
+            "TTL vs invalidation (round 1): invalidate on writes, keep the TTL only as a safety net; "
+            "both critics accept the revision."
+        ],
+        "dissent": [],
+        "confidence": 0.85,
+        "rationale": "The revised proposal took up the critic's issues; both critics accepted it in round 2.",
     }
     return Scenario(
         replies=(Reply(tool_calls=(NativeCall("verify", check),), thinking=CHECKER_THINKING),),
         rules=(
             Rule(TOOL_RESULT, _reply("17 × 23 = 391 is right: I checked it with the verify tool.")),
             Rule(SYNTHESIZER_ASK, _reply(synthesis)),
+            Rule(SECOND_ROUND, _reply(accepted)),
             Rule(CRITIC_ASK, _reply(critique)),
         ),
     )
@@ -153,7 +180,7 @@ def checker_script() -> Scenario:
 
 def tagger_script(page_url: str) -> Scenario:
     """sim-gemini (tag protocol): in confer, fetches the page too; in coordinate, checks the memory
-    estimate with verify, then reviews."""
+    estimate with verify, then reviews (in round 2, the revised budget)."""
     check = {"checks": [{"type": "math", "expression": "10000 * 2048", "expected": 20480000}]}
     critique = {
         "verdict": "accept",
@@ -161,12 +188,23 @@ def tagger_script(page_url: str) -> Scenario:
         "summary": "Checked: 10,000 entries of 2 KiB are 20,480,000 bytes, so the 20 MB estimate holds.",
         "confidence": 0.85,
     }
+    revised_check = {
+        "checks": [{"type": "math", "expression": "10000 * (2048 + 512)", "expected": REVISED_BYTES}]
+    }
+    accepted = {
+        "verdict": "accept",
+        "issues": [],
+        "summary": "Checked: 10,000 entries of 2.5 KiB are 25,600,000 bytes, so the 25 MB budget holds.",
+        "confidence": 0.9,
+    }
     answer = "The page says 47 metres, first lit in 1893; and 17 × 23 is 391, worked by hand."
     return Scenario(
         replies=(_reply(_tag("fetch", {"url": page_url})),),
         rules=(
             Rule(FETCH_RESULT, _reply(answer)),
+            Rule(str(REVISED_BYTES), _reply(accepted)),  # the round-2 check's result says the figure
             Rule(VERIFY_RESULT, _reply(critique)),
+            Rule(SECOND_ROUND, _reply(_tag("verify", revised_check))),
             Rule(CRITIC_ASK, _reply(_tag("verify", check))),
         ),
     )
@@ -196,39 +234,15 @@ def reviewer_envelope(session_id: str, reviewer: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
-@contextlib.asynccontextmanager
-async def page_server(text: str = LIGHTHOUSE_PAGE, path: str = "/lighthouse") -> AsyncIterator[int]:
-    """A one-page web site on an ephemeral loopback port, for `fetch` to reach; yields the port."""
-
-    async def page(_request: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/html")
-
-    app = web.Application()
-    app.router.add_get(path, page)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
-
-
 def demo_config(base: Config, panel: SimPanel, page_port: int) -> Config:
     """The simulated members (TAGGER on the tag protocol), plus a fetch policy that lets them reach
     the local page (and nothing else private: only 127.0.0.1 and only the page's port are added)."""
     urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
     config = simulated_config(base, urls)
     tagger = dataclasses.replace(config.providers[TAGGER], tool_mode="tags")
-    config = dataclasses.replace(config, providers={**config.providers, TAGGER: tagger})
-    policy = config.fetch
-    fetch = dataclasses.replace(
-        policy,
-        allow_hosts=(*policy.allow_hosts, "127.0.0.1"),
-        allow_private=(*policy.allow_private, "127.0.0.1/32"),
-        allow_ports=(*policy.allow_ports, page_port),
+    return allow_local_page(
+        dataclasses.replace(config, providers={**config.providers, TAGGER: tagger}), page_port
     )
-    return dataclasses.replace(config, fetch=fetch)
 
 
 @dataclasses.dataclass
@@ -269,11 +283,14 @@ def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
 
 
 def _coordinate_args(session_id: str) -> dict[str, Any]:
+    # Two rounds: round 1's critique asks for a revision, round 2 reviews it (and stops there,
+    # converged, once both critics accept).
     return {
         "task": COORDINATE_TASK,
         "context": TRAFFIC,
         "worker_tools": ["fetch", "verify"],
         "session_id": session_id,
+        "rounds": 2,
     }
 
 
@@ -316,6 +333,7 @@ def problems(run: DemoRun) -> list[str]:
     found += _tool_problem(critics.get(TAGGER), "verify")
     if not (run.coordinate.get("synthesis") or {}).get("envelope"):
         found.append("coordinate has no synthesis")
+    found += _revision_problems(run.coordinate)
     peer_review = run.confer.get("review") or {}
     if peer_review.get("top") != CONFER_PREFERENCE[0] or len(peer_review.get("rankings") or []) != 3:
         found.append(f"confer's review is not what the reviewers said: {peer_review}")
@@ -323,6 +341,21 @@ def problems(run: DemoRun) -> list[str]:
         found.append("confer has no synthesis")
     if not (run.coordinate.get("usage") or {}).get("cached_input_tokens"):
         found.append("coordinate read nothing from a prompt cache")
+    return found
+
+
+def _revision_problems(debate: Mapping[str, Any]) -> list[str]:
+    """The debate shows a revision: round 1 asks for one, round 2's proposal answers it in its
+    revision notes, and its critics accept."""
+    rounds = debate.get("rounds") or []
+    if len(rounds) != 2:
+        return [f"coordinate ran {len(rounds)} round(s), not 2"]
+    verdicts = [[(c.get("envelope") or {}).get("verdict") for c in r.get("critiques") or []] for r in rounds]
+    found = [] if "revise" in verdicts[0] else [f"no critic asked for a revision in round 1: {verdicts[0]}"]
+    if not ((rounds[1].get("proposal") or {}).get("envelope") or {}).get("revision_notes"):
+        found.append("round 2's proposal has no revision notes")
+    if set(verdicts[1]) != {"accept"} or not debate.get("converged"):
+        found.append(f"round 2's critics did not all accept the revision: {verdicts[1]}")
     return found
 
 
@@ -343,14 +376,17 @@ def report(run: DemoRun, out: TextIO, colour: bool, ui_command: str = UI_COMMAND
     )
     print(ENCODINGS_NOTE, file=out)
     print(render("confer", run.confer, colour=colour), file=out)
-    _section(out, "2/2  coordinate: proposer -> critics (with tools) -> synthesizer")
+    _section(
+        out, "2/2  coordinate: proposer -> critics (with tools) -> revised proposal -> critics -> synthesizer"
+    )
     print(render("coordinate", run.coordinate, colour=colour), file=out)
     _section(out, f"telemetry: the last events of these two sessions, from {run.config.telemetry.path}")
     _print_events(Path(run.config.telemetry.path), run.sessions, out, colour)
+    command = conclave_command()
     print(f"\nsessions: confer {confer_id}  coordinate {coordinate_id}", file=out)
-    print(f"  see every event of one:  conclave tail --session {confer_id} --lines all", file=out)
+    print(f"  see every event of one:  {command} tail --session {confer_id} --lines all", file=out)
     print(f"  transcripts are under {run.config.transcripts.dir}/", file=out)
-    status = _verdict(problems(run), out)
+    status = _verdict(problems(run), out, command)
     _print_ui(run, ui_command, out)
     return status
 
@@ -379,8 +415,8 @@ def _print_events(path: Path, sessions: Sequence[str], out: TextIO, colour: bool
         print(format_event(event, colour), file=out)
 
 
-def _verdict(found: list[str], out: TextIO) -> int:
-    print(f"\n{SIMULATED_NOTE}\n{REAL_KEYS}", file=out)
+def _verdict(found: list[str], out: TextIO, command: str) -> int:
+    print(f"\n{SIMULATED_NOTE}\n{real_keys(command)}", file=out)
     if found:
         print("\ndemo: FAILED", file=out)
         for problem in found:
@@ -401,12 +437,77 @@ ENCODINGS_NOTE = (
     "Each answer's header says which encoding it used; the policy is the same for both."
 )
 SIMULATED_NOTE = "Every answer above came from the simulated panel (scripted in conclave/demo.py)."
-REAL_KEYS = (
-    "To ask real models:\n"
-    "  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=... GEMINI_API_KEY=...   # or put them in ./.env\n"
-    "  conclave doctor                   # checks the config and the keys, one tiny call each\n"
-    '  conclave confer "your question"   # or: conclave coordinate "your task"'
-)
+
+
+def real_keys(command: str = "conclave") -> str:
+    """How to go on with real models; `command` is what runs conclave here (`conclave_command`)."""
+    doctor, confer = f"{command} doctor", f'{command} confer "your question"'
+    width = max(len(doctor), len(confer)) + 3
+    return (
+        "To ask real models:\n"
+        "  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=... GEMINI_API_KEY=...   # or put them in ./.env\n"
+        f"  {doctor:<{width}}# checks the config and the keys, one tiny call each\n"
+        f'  {confer:<{width}}# or: {command} coordinate "your task"'
+    )
+
+
+# ---------------------------------------------------------------- the command to type
+
+
+def conclave_command(
+    *,
+    argv0: str | None = None,
+    executable: str | None = None,
+    cwd: str | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+) -> str:
+    """What to type to run this same conclave again, for the commands the demo prints: `conclave`
+    when PATH finds this one, else its path, relative when under the current directory (after
+    `scripts/demo`, which runs `.venv/bin/conclave` with no virtualenv activated, that is
+    `.venv/bin/conclave`), else `<python> -m conclave`. The arguments default to this process's."""
+    executable = executable or sys.executable
+    running = _running_script(argv0 if argv0 is not None else sys.argv[0], executable)
+    if running is None:
+        return shlex.join([_shown(executable, cwd), "-m", "conclave"])
+    found = which("conclave")
+    if found is not None and _same_file(found, running):
+        return "conclave"
+    return shlex.quote(_shown(running, cwd))
+
+
+def _running_script(argv0: str, executable: str) -> str | None:
+    """The `conclave` script this process runs: argv[0] when it is one; under `python -m conclave`
+    (argv[0] is the package's __main__.py), the script installed beside the interpreter, which
+    runs the same installation; None when there is none."""
+    for candidate in (argv0, *(os.path.join(os.path.dirname(executable), n) for n in _SCRIPT_NAMES)):
+        if os.path.basename(candidate) in _SCRIPT_NAMES and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+_SCRIPT_NAMES = ("conclave", "conclave.exe")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _shown(path: str, cwd: str | None) -> str:
+    """`path` relative to `cwd` when under it (`./x` rather than a bare name PATH would look up),
+    else absolute. Not resolved: a virtualenv's python is a symlink that must keep its name."""
+    absolute = os.path.abspath(path)
+    here = os.path.abspath(cwd or os.getcwd())
+    try:
+        under = os.path.commonpath([absolute, here]) == here
+    except ValueError:  # on another drive (Windows)
+        under = False
+    if not under:
+        return absolute
+    relative = os.path.relpath(absolute, here)
+    return relative if os.sep in relative else os.path.join(".", relative)
 
 
 def main(base: Config, *, latency_ms: float, out: TextIO, err: TextIO, ui_command: str = UI_COMMAND) -> int:

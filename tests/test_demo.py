@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from conclave.config import load_config
-from conclave.demo import demo_config, problems, run_demo
+from conclave.demo import _revision_problems, conclave_command, demo_config, problems, run_demo
 from conclave.schemas import first_error
 from conclave.sim import SimPanel
 
@@ -134,9 +134,10 @@ def test_the_demo_ends_with_the_conclave_ui_command_that_shows_its_two_sessions(
     workdir, result = demo
     confer_id, coordinate_id = session_ids(result.stdout)
     last = result.stdout.rstrip().splitlines()[-4:]
-    assert last[1].strip() == "conclave ui", last
+    assert shlex.split(last[1])[-1] == "ui", last
     assert confer_id in last[2] and coordinate_id in last[2] and "http://127.0.0.1:8780/" in last[2]
-    command = [sys.executable, "-m", "conclave", *shlex.split(last[1])[1:], "--http", "127.0.0.1:0"]
+    # Run as printed, from where the demo ran: the command word must work there as it stands.
+    command = [*shlex.split(last[1]), "--http", "127.0.0.1:0"]
     env = {k: v for k, v in os.environ.items() if k != "CONCLAVE_CONFIG"}
     ui = subprocess.Popen(command, cwd=workdir, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -149,3 +150,92 @@ def test_the_demo_ends_with_the_conclave_ui_command_that_shows_its_two_sessions(
         ui.wait(timeout=10)
     assert page.status_code == 200
     assert f"session?id={confer_id}" in page.text and f"session?id={coordinate_id}" in page.text
+
+
+def test_the_demos_coordinate_shows_a_revision_over_two_rounds(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, result = demo
+    debate = result.stdout[result.stdout.index("2/2  coordinate") : result.stdout.index("telemetry:")]
+    assert re.search(r"coordinate · session \S+ · 2 rounds · converged", debate), debate[:400]
+    first = debate[debate.index("═══ Round 1") : debate.index("═══ Round 2")]
+    second = debate[debate.index("═══ Round 2") : debate.index("═══ Synthesis")]
+    assert "verdict: REVISE" in first
+    assert "revision notes:" in second and "Took up sim-anthropic's major issue" in second
+    assert "invalidated on writes" in second, "the revised proposal itself answers the critique"
+    assert second.count("verdict: ACCEPT") == 2 and "REVISE" not in second
+    assert "25,600,000 bytes" in second, "the second critic checks the revised budget with verify"
+
+
+def test_a_debate_without_the_revision_is_reported() -> None:
+    one_round = {"rounds": [{"critiques": [{"envelope": {"verdict": "revise"}}]}], "converged": False}
+    assert _revision_problems(one_round) == ["coordinate ran 1 round(s), not 2"]
+    unrevised = {
+        "converged": True,
+        "rounds": [
+            {"critiques": [{"envelope": {"verdict": "accept"}}]},
+            {"proposal": {"envelope": {"proposal": "p"}}, "critiques": [{"envelope": {"verdict": "accept"}}]},
+        ],
+    }
+    assert _revision_problems(unrevised) == [
+        "no critic asked for a revision in round 1: ['accept']",
+        "round 2's proposal has no revision notes",
+    ]
+
+
+def test_every_command_the_demo_prints_runs_as_printed(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    workdir, result = demo
+    line = next(x for x in result.stdout.splitlines() if "see every event of one:" in x)
+    tail = shlex.split(line.split("see every event of one:", 1)[1])
+    env = {k: v for k, v in os.environ.items() if k != "CONCLAVE_CONFIG"}  # as the demo ran
+    done = subprocess.run(tail, cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "session_start" in done.stdout, done.stderr
+    word = shlex.join(tail[: tail.index("tail")])
+    assert f"{word} doctor" in result.stdout and f'{word} confer "your question"' in result.stdout
+
+
+# -- conclave_command: what to type to run this conclave again ------------------------------------
+
+
+def script(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n", encoding="utf-8")
+    return str(path)
+
+
+def test_conclave_when_path_finds_the_one_running(tmp_path: Path) -> None:
+    running = script(tmp_path / "bin" / "conclave")
+    assert conclave_command(argv0=running, cwd=str(tmp_path), which=lambda _: running) == "conclave"
+
+
+@pytest.mark.parametrize("on_path", [None, "other"])
+def test_the_path_relative_to_here_when_path_finds_none_or_another(
+    tmp_path: Path, on_path: str | None
+) -> None:
+    running = script(tmp_path / ".venv" / "bin" / "conclave")
+    other = script(tmp_path / "elsewhere" / "conclave") if on_path else None
+    command = conclave_command(argv0=running, cwd=str(tmp_path), which=lambda _: other)
+    assert command == os.path.join(".venv", "bin", "conclave")
+
+
+def test_an_absolute_path_from_outside_and_dot_slash_from_its_own_directory(tmp_path: Path) -> None:
+    running = script(tmp_path / "venv" / "bin" / "conclave")
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    assert conclave_command(argv0=running, cwd=str(elsewhere), which=lambda _: None) == running
+    here = conclave_command(argv0=running, cwd=str(tmp_path / "venv" / "bin"), which=lambda _: None)
+    assert here == os.path.join(".", "conclave"), "a bare name would be looked up on PATH"
+
+
+def test_python_dash_m_names_the_script_beside_the_interpreter_or_the_interpreter(tmp_path: Path) -> None:
+    main = str(tmp_path / "src" / "conclave" / "__main__.py")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    none = conclave_command(argv0=main, executable=python, cwd=str(tmp_path), which=lambda _: None)
+    assert shlex.split(none) == [os.path.join("venv", "bin", "python"), "-m", "conclave"]
+    beside = script(tmp_path / "venv" / "bin" / "conclave")
+    assert (
+        conclave_command(argv0=main, executable=python, cwd=str(tmp_path), which=lambda _: beside)
+        == "conclave"
+    )

@@ -4,6 +4,8 @@ return typed results whose `to_dict()` is exactly what the server's tools return
 from __future__ import annotations
 
 import inspect
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import conclave
-from conclave.config import Config
+from conclave.config import Config, load_config
 from conclave.deliberation.results import Answer, RoleAnswer
 from conclave.errors import ConclaveError, InvalidArguments
 from conclave.schemas import first_error, load_schema
@@ -159,3 +161,55 @@ asyncio.run(main())
         "$.max_tokens True",
         "True ['jsonschema', 'conclave.tools.verify']",
     ]
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_python_example() -> str:
+    """The code block of README.md's "The Python API" section, exactly as a reader copies it."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## The Python API") :]
+    section = section[: section.index("\n## ", 1)]
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found, "README's Python API section has no python code block"
+    return found[1]
+
+
+def test_the_readme_python_example_runs_as_written_offline(tmp_path: Path) -> None:
+    code = readme_python_example()
+    assert "https://" not in code, "a first example must not need the network"
+    (tmp_path / "example.py").write_text(code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:3]] == [
+        ["sim-openai", "ok"],
+        ["sim-anthropic", "ok"],
+        ["sim-gemini", "ok"],
+    ]
+    assert lines[3].endswith(" False"), "the confer with review and synthesis is not degraded"
+    assert lines[4].startswith("[simulated sim-claude]"), "the debate's synthesis, not degraded reasons"
+    assert lines[6].startswith("200 ") and "47 metres tall" in lines[6], "the local page was fetched"
+    assert lines[5:] == ["False", lines[6], "True", "False"]
+
+
+@pytest.mark.anyio
+async def test_a_simulated_panel_gives_a_config_whose_roles_answer_and_whose_page_fetches(
+    tmp_path: Path,
+) -> None:
+    base = load_config(None, env={"CONCLAVE_TELEMETRY_PATH": str(tmp_path / "e.ndjson")}, dotenv=None)
+    async with conclave.SimulatedPanel(base) as sim, conclave.Conclave(sim.config) as c:
+        assert sim.config.fetch.allow_private == ("127.0.0.1/32",)
+        conferred = await c.confer("Which option?", review=True, synthesize=True)
+        debate = await c.coordinate("Pick a queue.", rounds=2)
+        page = await c.fetch(sim.page_url)
+    assert conferred.degraded is False and conferred.synthesis and conferred.synthesis.envelope
+    assert debate.degraded is False and len(debate.rounds) == 2 and debate.converged
+    assert debate.rounds[1].proposal.envelope and debate.rounds[1].proposal.envelope["revision_notes"]
+    assert page["status"] == 200 and "47 metres" in page["text"]
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = sim.config

@@ -1,7 +1,12 @@
 """`python -m conclave.sim`: run the simulated panel until Ctrl-C or SIGTERM.
 
 Once listening it prints one `<kind> <base_url>` line per wire format to stdout (and
-nothing else there), so a parent process such as the benchmark can read the URLs.
+nothing else there), so a parent process such as the benchmark can read the URLs; on stderr,
+a `conclave` command with the `--set` options that point it at the panel.
+
+Models nobody scripted answer role prompts (proposer, critic, reviewer, synthesizer) with valid
+envelopes (`roles.py`), so `confer --review --synthesize` and `coordinate` work against it;
+`--no-role-answers` gives them the plain default answer instead.
 """
 
 from __future__ import annotations
@@ -9,11 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
 
 from conclave.sim.server import BASE_PATHS, SimPanel
+from conclave.simulated import set_options
+
+EXAMPLE = ["confer", "Which option?", "--review", "--synthesize"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -32,6 +41,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--caching", action="store_true", help="play each provider's prompt caching rule in usage"
     )
+    parser.add_argument(
+        "--no-role-answers",
+        action="store_true",
+        help="answer role prompts in plain text too (then review, synthesis and coordinate fail)",
+    )
     return parser.parse_args(argv)
 
 
@@ -47,12 +61,27 @@ async def serve(args: argparse.Namespace) -> None:
         latency_ms=args.latency_ms,
         record=not args.no_record,
         caching=args.caching,
+        role_answers=not args.no_role_answers,
     )
     async with panel:
-        for kind in BASE_PATHS:
-            print(f"{kind} {panel.base_url(kind)}", flush=True)
+        urls: dict[str, str] = {kind: panel.base_url(kind) for kind in BASE_PATHS}
+        for kind, url in urls.items():
+            print(f"{kind} {url}", flush=True)
         print("conclave-sim: simulated panel listening; Ctrl-C to stop", file=sys.stderr)
+        print(recipe(urls), file=sys.stderr, flush=True)
         await stop.wait()
+
+
+def recipe(urls: dict[str, str]) -> str:
+    """How to point conclave at the panel: an example command carrying the `--set` options (which
+    any command takes), to run as printed."""
+    from conclave.demo import conclave_command  # imported once the URLs are out: no parent waits on it
+
+    command = shlex.join([*EXAMPLE, *set_options(urls)])
+    return (
+        "conclave-sim: to ask it, add these --set options to any conclave command (or use the config "
+        f"file in docs/development.md), e.g.:\n  {conclave_command()} {command}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

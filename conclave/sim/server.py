@@ -2,8 +2,9 @@
 
 Conclave's own adapters talk to it over loopback exactly as they talk to real
 providers, so tests, the demo and the benchmark exercise the real HTTP path. Every
-answer is scripted (`Scenario`) or a deterministic default labelled `[simulated <model>]`,
-and every response carries `server: conclave-sim`.
+answer is scripted (`Scenario`) or a deterministic default labelled `[simulated <model>]`
+(with `role_answers`, a valid role envelope when the prompt asks for a role: `roles.py`), and
+every response carries `server: conclave-sim`.
 
 aiohttp runs on asyncio, so this module uses asyncio directly (latency is one
 `asyncio.sleep` per request); the rest of Conclave stays on anyio. The request path is
@@ -32,6 +33,7 @@ from conclave.sim.recording import (
     masked_path,
     recording_json,
 )
+from conclave.sim.roles import role_answer
 from conclave.sim.scenarios import (
     Reply,
     Scenario,
@@ -70,6 +72,7 @@ class SimPanel:
         scenarios: Mapping[str, Scenario] | None = None,
         record: bool = True,
         caching: bool = False,
+        role_answers: bool = False,
     ) -> None:
         self._host = host
         self._requested_port = port
@@ -79,6 +82,8 @@ class SimPanel:
         self._seq = 0
         self._record = record  # off for long benchmark runs, where the log would only grow
         self._cache = PromptCache() if caching else None  # each provider's caching rule, on request
+        # Off by default: tests script their roles, and some check what an unscripted role gets.
+        self._role_answers = role_answers
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self.received: list[ReceivedRequest] = []
@@ -200,7 +205,7 @@ class SimPanel:
                 quota_id=reply.quota_id,
             )
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
-        answer = build_answer(parsed, reply, call=call, seq=seq, cached=cached)
+        answer = build_answer(parsed, reply, call=call, seq=seq, cached=cached, roles=self._role_answers)
         return await _success_response(request, kind, answer, reply)
 
     async def _think(self, request: web.Request, model: str, seconds: float) -> None:
@@ -255,12 +260,18 @@ class SimPanel:
 
 
 def build_answer(
-    parsed: wire.ParsedRequest, reply: Reply, *, call: int, seq: int, cached: Cached | None = None
+    parsed: wire.ParsedRequest,
+    reply: Reply,
+    *,
+    call: int,
+    seq: int,
+    cached: Cached | None = None,
+    roles: bool = False,
 ) -> wire.Answer:
     """The turn a scripted reply (or the default answer) amounts to for this request; `cached`,
     what the provider's caching rule reads from (or writes to) its cache, comes out of the
-    prompt's uncached tokens."""
-    text, finish = _answer_text(parsed, reply, call)
+    prompt's uncached tokens; with `roles`, the default answer to a role prompt is its envelope."""
+    text, finish = _answer_text(parsed, reply, call, roles)
     calls = () if reply.fault == "empty" else reply.tool_calls
     written = text + "".join(str(c.arguments) for c in calls)
     cached = cached or Cached()
@@ -282,7 +293,7 @@ def build_answer(
 
 
 def _answer_text(
-    parsed: wire.ParsedRequest, reply: Reply, call: int
+    parsed: wire.ParsedRequest, reply: Reply, call: int, roles: bool
 ) -> tuple[str, Literal["stop", "length"]]:
     if reply.fault == "empty":
         return "", "length"
@@ -293,11 +304,17 @@ def _answer_text(
         return "", reply.finish_reason  # a turn that only calls, as models often answer
     # The default answer respects the request's token cap like a model would; a scripted
     # text is sent as written (a script that wants "length" says so).
-    text = default_answer(parsed.model, parsed.last_user_text)
+    text = _default_text(parsed, roles)
     cap = parsed.max_tokens
     if cap is not None and wire.estimate_output_tokens(text) > cap:
         return text[: max(cap, 0) * 4], "length"
     return text, reply.finish_reason
+
+
+def _default_text(parsed: wire.ParsedRequest, roles: bool) -> str:
+    # The role's ask closes the last message; a tool result coming back is not a role prompt.
+    envelope = role_answer(parsed.model, parsed.last_text) if roles else None
+    return envelope if envelope is not None else default_answer(parsed.model, parsed.last_user_text)
 
 
 async def _success_response(
