@@ -67,9 +67,11 @@ class CompletionRequest:
     temperature: float | None = None
     tools: tuple[ToolDeclaration, ...] = ()  # declared natively; empty: no tools in the request
     tool_choice: ToolChoice = "auto"  # "none": the declarations stay, calls are forbidden (a final round)
-    # Provider-side prompt caching (SPEC §11): the first `cache_prefix` characters of `system` are
-    # the same for every call of the session (adapters that mark cache breakpoints end one there),
-    # and `cache_key` names the session for providers that route on a cache key.
+    # Provider-side prompt caching. `cache_prefix`: the first characters of `system` that another
+    # call of the session to this provider repeats byte for byte; adapters that mark cache
+    # breakpoints end one there. 0 when no other call reads them, as a marked prefix is written to
+    # the cache at more than the input price. `cache_key` names the session for the providers
+    # whose API routes on a cache key.
     cache_prefix: int = 0
     cache_key: str | None = None
 

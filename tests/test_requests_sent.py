@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -90,6 +91,41 @@ async def test_configured_max_tokens_field_wins(make_config: Callable[..., Confi
     body = (await send(make_config, entry, "openrouter_chat")).bodies()[0]
     assert body["max_tokens"] == 77
     assert "max_completion_tokens" not in body
+
+
+@pytest.mark.parametrize(
+    ("base_url", "takes_key", "sent"),
+    [
+        ("https://api.openai.com/v1", True, True),
+        ("https://api.openai.com/v1", False, False),  # the host alone decides nothing
+        ("https://gateway.example/v1", False, False),
+        ("https://gateway.example/v1", True, True),  # a proxy that says it passes the key on
+    ],
+)
+async def test_openai_kind_sends_the_cache_key_only_where_the_entry_says_the_api_takes_one(
+    make_config: Callable[..., Config], base_url: str, takes_key: bool, sent: bool
+) -> None:
+    entry = provider_entry("openai", "gpt-4.1-mini", base_url, prompt_cache_key=takes_key)
+    request = replace(REQUEST, cache_key="s-cache")
+    body = (await send(make_config, entry, "openai_basic", request)).bodies()[0]
+    assert body.get("prompt_cache_key") == ("s-cache" if sent else None)
+
+
+async def test_no_session_no_cache_key_whatever_the_entry(make_config: Callable[..., Config]) -> None:
+    entry = provider_entry("openai", "gpt-4.1-mini", "https://api.openai.com/v1", prompt_cache_key=True)
+    assert "prompt_cache_key" not in (await send(make_config, entry, "openai_basic")).bodies()[0]
+
+
+@pytest.mark.parametrize("shared", [0, len("Be brief.")])
+async def test_anthropic_marks_a_breakpoint_only_where_the_request_says_it_is_read_again(
+    make_config: Callable[..., Config], shared: int
+) -> None:
+    entry = provider_entry("anthropic", "claude-sonnet-4-5", "https://api.anthropic.com")
+    request = replace(REQUEST, cache_prefix=shared, cache_key="s-cache")
+    body = (await send(make_config, entry, "anthropic_cached", request)).bodies()[0]
+    marked = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    assert body["system"] == (marked if shared else "Be brief.")
+    assert "prompt_cache_key" not in body, "an OpenAI field"
 
 
 async def test_o1_mini_gets_its_system_prompt_as_a_user_message(make_config: Callable[..., Config]) -> None:

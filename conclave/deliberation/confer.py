@@ -3,10 +3,13 @@ the call's deadline. One failure never fails the call; a partial result says so.
 
 Two optional stages follow (SPEC §9): with `review`, every member that answered ranks the
 others' answers blind; with `synthesize`, a chair writes the final answer from them. Both are
-role turns (`stages`), so envelopes, re-prompts and fallbacks work as in `coordinate`."""
+role turns (`stages`), so envelopes, re-prompts and fallbacks work as in `coordinate`. With either
+stage, the answers are laid out like those turns (the question and context first in the system
+prompt), so a member's later turns read them from the cache its answer wrote."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -15,7 +18,7 @@ import anyio
 
 from conclave.deliberation import review
 from conclave.deliberation.answers import timed_out
-from conclave.deliberation.plan import summarize
+from conclave.deliberation.plan import summarize, what_drives_the_bound
 from conclave.deliberation.results import (
     Answer,
     ConferResult,
@@ -25,9 +28,16 @@ from conclave.deliberation.results import (
     RoleAnswer,
     Totals,
 )
-from conclave.deliberation.roles import chair_prompt, reviewer_prompt, shared_system, turn_system
+from conclave.deliberation.roles import (
+    chair_prompt,
+    member_prompt,
+    member_system,
+    reviewer_prompt,
+    shared_system,
+    turn_system,
+)
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
-from conclave.deliberation.stages import RoleTurns, synthesizer_chain
+from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.errors import InvalidArguments
 from conclave.runtime import Runtime
 
@@ -55,8 +65,28 @@ class _Confer:
         self.system: str | None = session.args.get("system")
         self.reviewing = bool(session.args.get("review"))
         self.synthesizing = bool(session.args.get("synthesize"))
-        self.turns = RoleTurns(session, shared_system(session.args["question"], session.args.get("context")))
+        shared = shared_system(session.args["question"], session.args.get("context"))
+        self.turns = RoleTurns(session, shared, self._planned_calls())
         self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
+
+    @property
+    def staged(self) -> bool:
+        """A review or a synthesis follows the answers: they are laid out like its turns."""
+        return self.reviewing or self.synthesizing
+
+    def _planned_calls(self) -> PlannedCalls:
+        """The calls that start with the shared part when all goes to plan: every member's answer
+        and, with two members or more, its review, with the worker tools; the chair's, without.
+        A plain confer has none: each member is asked once, as the caller asked."""
+        calls: PlannedCalls = Counter()
+        if not self.staged:
+            return calls
+        reviews = 1 if self.reviewing and len(self.providers) >= 2 else 0
+        for name in self.providers:
+            calls[(name, self.session.tools.accepted)] += 1 + reviews
+        if self.synthesizing:
+            calls[(synthesizer_chain(None, self.session.runtime.config.roles)[0], ())] += 1
+        return calls
 
     def opening(self) -> dict[str, Any]:
         return {"providers": list(self.providers), "question": self.session.args["question"]}
@@ -175,7 +205,11 @@ class _Confer:
 
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:
         tools = self.session.tools.accepted
-        done[name] = answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
+        if self.staged:
+            answer = await self.turns.answer(name, self.system, tools)
+        else:
+            answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
+        done[name] = answer
         if self.session.progress is not None:
             step = {
                 "provider": name,
@@ -223,11 +257,22 @@ class _Confer:
 
     def plan(self) -> ConferResult:
         session = self.session
-        system = session.hinted(self.system, session.tools.accepted)
-        prompt = "".join(m.content for m in self.messages) + (system or "")
-        shape = session.turn_shape(len(prompt.encode("utf-8")), tools_on=session.tools_on)
-        calls = [session.planned_call(name, shape) for name in self.providers]
-        return self._result([], plan=summarize(calls + self._planned_stages(len(prompt.encode("utf-8")))))
+        shape = session.turn_shape(self._asked_bytes(self.staged), tools_on=session.tools_on)
+        shared = len(self.turns.shared.encode("utf-8")) if self.staged else 0
+        calls = [session.planned_call(name, shape, shared_bytes=shared) for name in self.providers]
+        # The stages' bounds start from the question as a plain confer asks it: their own system
+        # prompt already counts the shared part.
+        planned = calls + self._planned_stages(self._asked_bytes(False))
+        return self._result([], plan=summarize(planned, note=what_drives_the_bound(shape)))
+
+    def _asked_bytes(self, staged: bool) -> int:
+        """An answer turn's prompt, laid out as `_ask` lays it out with or without stages."""
+        session, tools = self.session, self.session.tools.accepted
+        if staged:
+            system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
+            return len((member_prompt() + system).encode("utf-8"))
+        system = session.hinted(self.system, tools) or ""
+        return len(("".join(m.content for m in self.messages) + system).encode("utf-8"))
 
     def _planned_stages(self, asked_bytes: int) -> list[dict[str, Any]]:
         """The review and the synthesis at their largest: every answer quoted in full (escaped),

@@ -117,6 +117,29 @@ def turn_system(shared: str, role: Role) -> str:
     return f"{shared}\n\n{role_system(role)}"
 
 
+def member_system(shared: str, system: str | None) -> str:
+    """A `confer` member's answer turn when a review or a synthesis follows: the shared part
+    first, as in the member's role turns, so that they read the question and context from the
+    cache this turn wrote; then what this turn asks, and the caller's own system prompt."""
+    own = f"\n\n{system}" if system else ""
+    return f"{shared}\n\n{_MEMBER_SYSTEM}{own}"
+
+
+def member_prompt() -> str:
+    """The ask of a member's answer turn (the question is in the system prompt)."""
+    return _MEMBER_ASK
+
+
+# The wording of a member's answer turn. A free-text answer, unlike every other turn the shared
+# preamble announces: it says so, or the model would reply with an envelope.
+_MEMBER_SYSTEM = (
+    "This turn has no role and needs no JSON object: you are one member of a panel of AI models, "
+    "each answering the task on its own. Answer the task yourself, completely, in plain text, as "
+    "the caller asked it."
+)
+_MEMBER_ASK = "Answer the task."
+
+
 def role_system(role: Role) -> str:
     """The role's instructions, its envelope schema embedded (without `$schema` and `$id`)."""
     return _role_system(role)

@@ -5,6 +5,7 @@ chair."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -14,7 +15,14 @@ import anyio
 from conclave.config import RolesConfig
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.results import Answer, RoleAnswer, Totals
-from conclave.deliberation.roles import Role, parse_envelope, reprompt, turn_system
+from conclave.deliberation.roles import (
+    Role,
+    member_prompt,
+    member_system,
+    parse_envelope,
+    reprompt,
+    turn_system,
+)
 from conclave.deliberation.session import Session
 from conclave.messages import Message
 
@@ -22,6 +30,9 @@ MAX_ECHO_CHARS = 20_000
 # A check beyond the schema (a reviewer's ranking must hold exactly the labels it was shown):
 # the error to hand back to the role, or None.
 EnvelopeCheck = Callable[[Mapping[str, Any]], str | None]
+# The calls of a session that start with its shared part, by provider and the worker tools they
+# carry, as many as each is planned to make.
+PlannedCalls = Counter[tuple[str, tuple[str, ...]]]
 
 
 def synthesizer_chain(chosen: str | None, roles: RolesConfig) -> tuple[str, ...]:
@@ -30,12 +41,31 @@ def synthesizer_chain(chosen: str | None, roles: RolesConfig) -> tuple[str, ...]
     return (first, *dict.fromkeys(n for n in roles.synthesizer_fallbacks if n != first))
 
 
-class RoleTurns:
-    """The role turns of one session, in the order they ended (`answers`)."""
+def debate_calls(session: Session) -> PlannedCalls:
+    """A `coordinate`'s calls when all goes to plan (every round run, no re-prompt, no fallback):
+    the proposer and the critics once a round, with the worker tools, and the synthesizer once,
+    without. The cast is read from the arguments as `coordinate` reads it."""
+    args, roles = session.args, session.runtime.config.roles
+    rounds, tools = int(args.get("rounds") or 1), session.tools.accepted
+    calls: PlannedCalls = Counter()
+    for name in (args.get("proposer") or roles.proposer, *(args.get("critics") or roles.critics)):
+        calls[(name, tools)] += rounds
+    calls[(synthesizer_chain(args.get("synthesizer"), roles)[0], ())] += 1
+    return calls
 
-    def __init__(self, session: Session, shared: str) -> None:
+
+class RoleTurns:
+    """The role turns of one session, in the order they ended (`answers`).
+
+    Every turn's system prompt starts with `shared`. A turn marks it for the provider's cache
+    only when `planned` (default: `debate_calls`) has the provider called again with the same
+    prefix: a cache write is billed above the input price, and one nobody reads is only dearer.
+    """
+
+    def __init__(self, session: Session, shared: str, planned: PlannedCalls | None = None) -> None:
         self.session = session
         self.shared = shared  # the start of every role turn's system prompt (`shared_system`)
+        self.planned = debate_calls(session) if planned is None else planned
         self.answers: list[RoleAnswer] = []
 
     async def ask(
@@ -73,6 +103,25 @@ class RoleTurns:
         if not failed:  # out of time before any synthesizer answered
             return self.timed_out("synthesizer", names[0])
         return _with_fallback(failed[-1], failed[:-1])
+
+    async def answer(self, name: str, system: str | None, tools: tuple[str, ...]) -> Answer:
+        """A `confer` member's own answer, laid out like its role turns (`member_system`), with
+        the caller's `system` after the shared part. Not a role turn: free text, no envelope."""
+        messages = (Message("user", member_prompt()),)
+        return await self._send(name, messages, member_system(self.shared, system), tools, None)
+
+    def marks(self, name: str, tools: tuple[str, ...]) -> bool:
+        """Whether `name`'s turn with `tools` ends a cache breakpoint after the shared part: when
+        at least two planned calls send the provider that prefix (the first writes, the others
+        read). Decided when the turn is sent, as the tools a provider declares may change."""
+        prefix = self._prefix(name, tools)
+        same = (n for (who, carried), n in self.planned.items() if self._prefix(who, carried) == prefix)
+        return sum(same) >= 2
+
+    def _prefix(self, name: str, tools: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+        """What of a turn's prefix differs between a provider's turns: tools declared natively
+        come before the system prompt; in tags mode they follow the shared part."""
+        return name, tools if self.session.declares_tools(name, tools) else ()
 
     def timed_out(self, role: Role, name: str) -> RoleAnswer:
         return RoleAnswer(**_fields(timed_out(name, None, self.session.elapsed_ms())), role=role)
@@ -120,9 +169,14 @@ class RoleTurns:
     async def _turn(
         self, role: Role, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]
     ) -> Answer:
-        system = turn_system(self.shared, role)
+        return await self._send(name, messages, turn_system(self.shared, role), tools, role)
+
+    async def _send(
+        self, name: str, messages: tuple[Message, ...], system: str, tools: tuple[str, ...], role: Role | None
+    ) -> Answer:
+        marked = self.marks(name, tools)
         return await self.session.ask(
-            name, messages, system=system, tools=tools, role=role, shared=len(self.shared)
+            name, messages, system=system, tools=tools, role=role, shared=len(self.shared), marked=marked
         )
 
     def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:

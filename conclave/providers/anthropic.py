@@ -132,9 +132,10 @@ def _results(m: Message) -> list[dict[str, Any]]:
 
 
 def _system(system: str, shared: int) -> str | list[dict[str, Any]]:
-    """The system prompt; when its first `shared` characters are the same for every call of the
-    session, as two blocks with a cache breakpoint after the shared one (tools and that block are
-    then read from Anthropic's prompt cache; SPEC §11). One breakpoint of the four allowed."""
+    """The system prompt; when another call of the session repeats its first `shared` characters,
+    as two blocks with a cache breakpoint after the shared one: tools and that block are written
+    to Anthropic's prompt cache by the first such call and read by the others. One breakpoint of
+    the four allowed."""
     if not 0 < shared < len(system) + 1:
         return system
     blocks: list[dict[str, Any]] = [

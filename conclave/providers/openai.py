@@ -90,9 +90,10 @@ class OpenAIAdapter:
             body["tools"] = [_declaration(t) for t in request.tools]
             if request.tool_choice == "none":  # "auto" is the default whenever tools are declared
                 body["tool_choice"] = "none"
-        if request.cache_key and _host(entry.base_url) == "api.openai.com":
-            # Routes a session's calls to the same prompt cache (SPEC §11). Only OpenAI's own API
-            # has the field: compatible servers may refuse a field they do not know.
+        if request.cache_key and entry.prompt_cache_key:
+            # Routes a session's calls to the same prompt cache. Sent only where the provider
+            # entry says its API takes the field: compatible servers may refuse one they do not
+            # know, and a host name says nothing about what a proxy in front of it accepts.
             body["prompt_cache_key"] = request.cache_key
         return body
 
