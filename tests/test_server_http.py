@@ -143,6 +143,25 @@ async def test_get_on_mcp_is_405(base_url: str) -> None:
         assert (await client.get("/mcp")).status_code == 405
 
 
+async def test_the_root_says_where_mcp_and_rpc_are_behind_the_same_guard(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        index = await client.get("/")
+        assert index.status_code == 200 and index.headers["content-type"].startswith("text/plain")
+        assert "POST /mcp  MCP Streamable HTTP" in index.text and "POST /rpc  plain JSON-RPC" in index.text
+        assert "server.ui: true" in index.text, "the page is off here, and the root says how to turn it on"
+        described = (await client.get("/", headers={"Accept": "application/json"})).json()
+        assert (
+            described["endpoints"]["mcp"]["path"] == "/mcp"
+            and described["endpoints"]["rpc"]["path"] == "/rpc"
+        )
+        assert described["endpoints"]["ui"] is None
+        assert (await client.head("/")).status_code == 200
+        assert (await client.get("/", headers={"Origin": "http://attacker.example"})).status_code == 403
+        assert (await client.get("/", headers={"Host": "rebound.attacker.example"})).status_code == 403
+        assert (await client.get("/", headers={"Origin": base_url})).status_code == 200
+        assert (await client.post("/", content=b"{}")).status_code == 405
+
+
 async def test_plain_json_rpc_on_rpc_with_batches_and_notifications(base_url: str) -> None:
     checks = {"checks": [{"type": "equals", "actual": [1, 2], "expected": [1, 2]}]}
     async with httpx.AsyncClient(base_url=base_url) as client:

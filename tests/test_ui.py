@@ -4,12 +4,16 @@ is tests/test_ui_browser.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
+import html as htmllib
+import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -18,14 +22,19 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from conclave.cli import main as cli_main
-from conclave.demo import run_demo
+from conclave.config import Config
+from conclave.demo import CRITIC_ASK, PROPOSER_ASK, SYNTHESIZER_ASK, run_demo
+from conclave.runner import run_tool
+from conclave.runtime import open_runtime
+from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.simulated import simulated_config
 from conclave.ui import build_app, mount
 from conclave.ui.app import CSP
 from conclave.ui.markup import Safe, el, escape
 from conclave.ui.model import from_events, from_transcript
 from conclave.ui.pages import session_body
-from conclave.ui.sessions import Sessions
-from tests.ui_support import IMG, SCRIPT, hostile_session, workdir_config
+from conclave.ui.sessions import RECENT, Sessions
+from tests.ui_support import IMG, SCRIPT, hostile_session, model, workdir_config
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +123,17 @@ def test_a_coordinate_reads_as_rounds_of_proposal_critiques_and_verdicts(session
     summary = sessions.summary(demo_id(sessions, "coordinate"))
     assert summary is not None
     view = from_transcript(summary, sessions.transcript(summary.session_id) or {})
-    (round_,) = view.rounds
+    round_ = view.rounds[0]  # the demo may go on to revise in a second round
     assert round_.proposal is not None and round_.proposal.provider == "sim-openai"
     verdicts = {c.provider: (c.envelope or {}).get("verdict") for c in round_.critiques}
     assert verdicts == {"sim-anthropic": "revise", "sim-gemini": "accept"}
     checked = next(c for c in round_.critiques if c.provider == "sim-gemini")
     assert [h.tool for h in checked.calls] == ["verify"]
     assert view.synthesis is not None and view.synthesis.role == "synthesizer"
-    assert set(view.per_role) == {"proposer", "critic", "synthesizer"} and view.converged is False
+    last = {(c.envelope or {}).get("verdict") for c in view.rounds[-1].critiques}
+    assert set(view.per_role) == {"proposer", "critic", "synthesizer"} and view.converged is (
+        last == {"accept"}
+    )
     html = view_of(sessions, summary.session_id)
     assert "Round 1" in html and "revise" in html and "accept" in html and "Synthesis" in html
 
@@ -155,7 +167,7 @@ def test_a_running_session_is_listed_as_running_and_shows_its_events(workdir: Pa
     (row,) = sessions.recent()
     assert (row.status, row.degraded, row.cost_usd) == ("degraded", True, 0.5), "read from where it stopped"
     html = session_body(from_events(row, sessions.events("s1")))
-    assert "Degraded" in html and "p: timeout" in html
+    assert "Degraded" in html and "p: timed out" in html and '<small class="code">timeout</small>' in html
 
 
 def test_a_session_known_only_by_its_transcript_is_still_listed(workdir: Path, tmp_path: Path) -> None:
@@ -315,7 +327,20 @@ async def test_serve_http_shows_the_page_at_ui_with_the_same_guard(serve_with_ui
         assert (await http.get("/ui/static/app.js")).status_code == 200
         assert (await http.get("/ui/", headers={"Origin": "http://attacker.example"})).status_code == 403
         assert (await http.post("/ui/")).status_code == 405
-        assert (await http.get("/")).status_code == 404, "nothing else moved"
+        assert (await http.get("/nowhere")).status_code == 404, "nothing else moved"
+
+
+@pytest.mark.anyio
+async def test_serve_http_says_at_its_root_where_the_page_is_when_it_is_on(serve_with_ui: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=serve_with_ui) as http:
+        index = await http.get("/")
+        assert index.status_code == 200 and index.headers["content-type"].startswith("text/plain")
+        assert "/mcp" in index.text and "/rpc" in index.text and "GET  /ui/" in index.text
+        described = (await http.get("/", headers={"Accept": "application/json"})).json()
+        assert described["endpoints"]["ui"]["path"] == "/ui/"
+        assert (await http.get("/", headers={"Origin": "http://attacker.example"})).status_code == 403
 
 
 @pytest.mark.anyio
@@ -326,3 +351,232 @@ async def test_the_page_mounts_under_a_prefix_with_every_link_under_it(workdir: 
         html = await (await http.get("/ui/")).text()
     links = re.findall(r'(?:href|src|data-fragment|data-events)="([^"]+)"', html)
     assert links and all(link.startswith("/ui/") for link in links), links
+
+
+# -- what the page makes plain: long questions, dry runs, costs, rounds, codes ----------------------
+
+LONG_QUESTION = " ".join(f"word{i % 10}" for i in range(20_000))  # 119,999 characters
+PROPOSAL = {
+    "proposal": "Use a bounded queue.",
+    "rationale": "It pushes back on producers.",
+    "confidence": 0.7,
+    "revision_notes": "A first draft: nothing to revise yet.",
+}
+ACCEPT = {"verdict": "accept", "issues": [], "summary": "Fine as it is.", "confidence": 0.8}
+REVISE = {
+    "verdict": "revise",
+    "issues": [{"severity": "major", "description": "No limit is named.", "suggestion": "Name one."}],
+    "confidence": 0.6,
+}
+SYNTHESIS = {"answer": "Use a queue bounded at 1,000 items.", "confidence": 0.8}
+
+
+def says(envelope: Mapping[str, Any]) -> Reply:
+    return Reply(text=json.dumps(envelope))
+
+
+async def call(
+    base: Config,
+    tool: str,
+    args: dict[str, Any],
+    scripts: Mapping[str, Scenario] | None = None,
+    *,
+    content: bool = False,
+    unpriced: tuple[str, ...] = (),
+) -> None:
+    """One call through the real stack against the simulated panel, its members scripted;
+    `content`: telemetry.include_content; `unpriced`: members configured without a price."""
+    async with SimPanel() as panel:
+        for member, scenario in (scripts or {}).items():
+            panel.set_scenario(model(member), scenario)
+        telemetry = dataclasses.replace(base.telemetry, include_content=content)
+        urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
+        config = simulated_config(dataclasses.replace(base, telemetry=telemetry), urls)
+        providers = {
+            name: dataclasses.replace(p, price=None) if name in unpriced else p
+            for name, p in config.providers.items()
+        }
+        async with open_runtime(dataclasses.replace(config, providers=providers)) as runtime:
+            await run_tool(runtime, tool, args, None)
+
+
+def debate(session_id: str, critics: list[str], rounds: int = 1) -> dict[str, Any]:
+    return {
+        "task": "How should the service queue its jobs?",
+        "proposer": "sim-openai",
+        "critics": critics,
+        "synthesizer": "sim-anthropic",
+        "rounds": rounds,
+        "session_id": session_id,
+    }
+
+
+async def plain_sessions(base: Config) -> None:
+    proposer = Scenario(rules=(Rule(SYNTHESIZER_ASK, says(SYNTHESIS)), Rule(PROPOSER_ASK, says(PROPOSAL))))
+    accepts = Scenario(rules=(Rule(CRITIC_ASK, says(ACCEPT)),))
+    revises = Scenario(rules=(Rule(SYNTHESIZER_ASK, says(SYNTHESIS)), Rule(CRITIC_ASK, says(REVISE))))
+    await call(
+        base, "confer", {"question": LONG_QUESTION, "providers": ["sim-openai"], "session_id": "long-1"}
+    )
+    await call(base, "confer", {"question": "Quiet?", "dry_run": True, "session_id": "dry-quiet"})
+    told = debate("dry-told", ["sim-gemini"], rounds=2) | {"dry_run": True}
+    await call(base, "coordinate", told, content=True)
+    scripts = {"sim-openai": proposer, "sim-gemini": accepts, "sim-anthropic": revises}
+    await call(base, "coordinate", debate("agreed-1", ["sim-gemini"], rounds=2), scripts)
+    await call(base, "coordinate", debate("revise-1", ["sim-anthropic"]), scripts)
+    # sim-gemini never answers in the critic's JSON, sim-anthropic refuses to synthesize (sim-openai
+    # stands in), and sim-gemini has no price.
+    garbled = Scenario(rules=(Rule(CRITIC_ASK, Reply(text="Looks fine to me.")),))
+    refuses = Scenario(rules=(Rule(SYNTHESIZER_ASK, Reply(status=400, error_message="no")),))
+    scripts = {"sim-openai": proposer, "sim-gemini": garbled, "sim-anthropic": refuses}
+    await call(base, "coordinate", debate("codes-1", ["sim-gemini"]), scripts, unpriced=("sim-gemini",))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ui-plain")
+    anyio.run(plain_sessions, workdir_config(folder))
+    return folder
+
+
+@pytest.fixture
+async def plain_client(plain: Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    async with TestClient(TestServer(build_app(workdir_config(plain)))) as test_client:
+        yield test_client
+
+
+async def fetch_page(client: TestClient[web.Request, web.Application], path: str) -> str:
+    response = await client.get(path)
+    assert response.status == 200, path
+    return await response.text()
+
+
+def row_of(page: str, session_id: str) -> str:
+    found = re.search(rf'<tr data-session="{re.escape(session_id)}"[^>]*>.*?</tr>', page, re.S)
+    assert found, f"no row for {session_id}"
+    return found[0]
+
+
+def shown(markup: str) -> str:
+    """The text a reader sees: tags out, entities decoded, whitespace as single spaces."""
+    return " ".join(htmllib.unescape(re.sub(r"<[^>]+>", " ", markup)).split())
+
+
+def link_text(row: str) -> str:
+    found = re.search(r'<td class="question"><a href="[^"]*">(.*?)</a>', row, re.S)
+    assert found, row
+    return shown(found[1])
+
+
+def costs_of(page: str) -> tuple[dict[str, float], float]:
+    """Each part's cost and the total, as the page gives them (`data-cost`)."""
+    parts = re.findall(r'<tr data-part="([^"]+)">.*?data-cost="([^"]+)"', page, re.S)
+    total = re.search(r'<tfoot>.*?data-cost="([^"]+)"', page, re.S)
+    assert parts and total, "no cost table"
+    return {name: float(cost) for name, cost in parts}, float(total[1])
+
+
+@pytest.mark.anyio
+async def test_a_huge_question_is_a_short_preview_in_the_list_and_whole_on_its_page(
+    plain_client: TestClient[web.Request, web.Application],
+) -> None:
+    listing = await fetch_page(plain_client, "/")
+    preview = link_text(row_of(listing, "long-1"))
+    assert preview.endswith("…") and 150 <= len(preview) <= 201, len(preview)
+    kept = preview[:-1]
+    assert LONG_QUESTION.startswith(kept) and LONG_QUESTION[len(kept)] == " ", "cut after a whole word"
+    assert len(listing.encode()) < 20_000, "one long question no longer makes the list 138 KB"
+    page = await fetch_page(plain_client, "/session?id=long-1")
+    assert LONG_QUESTION in page, "the whole question stays on the session's own page"
+
+
+@pytest.mark.anyio
+async def test_the_list_stays_small_however_many_huge_questions_there_are(tmp_path: Path) -> None:
+    base = workdir_config(tmp_path)
+    for n in range(RECENT + 5):  # dry runs: nothing called, the question kept in the event log
+        args = {"question": f"{n} {LONG_QUESTION}", "dry_run": True, "session_id": f"big-{n}"}
+        await call(base, "confer", args, content=True)
+    async with TestClient(TestServer(build_app(base))) as client:
+        listing = await fetch_page(client, "/")
+    assert listing.count("<tr data-session=") == RECENT
+    assert len(listing.encode()) < RECENT * 1_500, "each row is bounded, and so is the number of rows"
+
+
+@pytest.mark.anyio
+async def test_a_dry_run_says_it_called_nothing_instead_of_costing_nothing(
+    plain_client: TestClient[web.Request, web.Application],
+) -> None:
+    listing = await fetch_page(plain_client, "/")
+    quiet, told = row_of(listing, "dry-quiet"), row_of(listing, "dry-told")
+    assert link_text(quiet) == "(dry run: question not recorded)", (
+        "not the session id where the question goes"
+    )
+    assert link_text(told) == "How should the service queue its jobs?", "from session_start, when it is kept"
+    for row in (quiet, told):
+        assert "dry run: at most $" in shown(row) and "$0.00" not in row
+    page = await fetch_page(plain_client, "/session?id=dry-quiet")
+    text = shown(page[page.index("<main") :])
+    assert "Dry run: nothing was called and nothing was spent" in text
+    assert "written when the call ends" not in text and "a dry run writes no transcript" in text
+    assert "Its plan bounds the cost: at most $" in text and "$0.00" not in text.split("Events")[0]
+    coordinate = shown(await fetch_page(plain_client, "/session?id=dry-told"))
+    assert "How should the service queue its jobs?" in coordinate and "rounds 2 asked, none run" in coordinate
+
+
+@pytest.mark.anyio
+async def test_the_confer_page_shows_where_every_cent_went_review_included(
+    client: TestClient[web.Request, web.Application], sessions: Sessions
+) -> None:
+    session_id = demo_id(sessions, "confer")
+    page = await fetch_page(client, f"/session?id={session_id}")
+    parts, total = costs_of(page)
+    assert list(parts) == ["answers", "review", "synthesis"]
+    assert parts["review"] > 0 and sum(parts.values()) == pytest.approx(total, abs=1e-9)
+    transcript = sessions.transcript(session_id) or {}
+    assert total == transcript["result"]["usage"]["cost_usd"]
+    assert parts["synthesis"] >= transcript["result"]["synthesis"]["usage"]["cost_usd"]
+
+
+@pytest.mark.anyio
+async def test_a_coordinate_page_has_per_role_totals_its_rounds_and_why_it_stopped(
+    plain_client: TestClient[web.Request, web.Application],
+) -> None:
+    revised = await fetch_page(plain_client, "/session?id=revise-1")
+    parts, total = costs_of(revised)
+    assert list(parts) == ["proposer", "critic", "synthesizer"]
+    assert sum(parts.values()) == pytest.approx(total, abs=1e-9) and all(parts.values())
+    text = shown(revised)
+    assert "rounds 1 of 1 asked" in text
+    assert "rounds exhausted: after the last round asked for, sim-anthropic had not accepted" in text
+    agreed = shown(await fetch_page(plain_client, "/session?id=agreed-1"))
+    assert "rounds 1 of 2 asked" in agreed
+    assert "every critic accepted; the 1 remaining round did not run" in agreed
+
+
+@pytest.mark.anyio
+async def test_codes_read_as_words_once_each_with_the_code_kept_small(
+    plain_client: TestClient[web.Request, web.Application],
+) -> None:
+    page = await fetch_page(plain_client, "/session?id=codes-1")
+    banner = re.search(r'<section class="banner degraded".*?</section>', page, re.S)
+    assert banner, "codes-1 is degraded"
+    (reason,) = re.findall(r"<li>(.*?)</li>", banner[0], re.S)
+    assert (
+        shown(reason)
+        == "sim-gemini (critic): answered in the wrong format, even when asked again invalid_envelope"
+    )
+    assert reason.count("invalid_envelope") == 1 and '<small class="code">invalid_envelope</small>' in reason
+    warnings = re.search(r'<section class="banner warn".*?</section>', page, re.S)
+    assert warnings, "codes-1 has warnings"
+    said = shown(warnings[0])
+    assert "cost unknown: a provider has no price configured price_unknown" in said
+    assert "a fallback synthesizer stood in for the one asked synthesizer_fallback" in said
+    assert "price_unknown, synthesizer_fallback" not in page
+    assert '<span class="badge bad" title="invalid_envelope">wrong format</span>' in page
+    assert "1 hop ·" in shown(page) and "1 hops" not in shown(page)
+    assert '<span class="key" title="revision_notes">Revision notes</span>' in page
+    listing = await fetch_page(plain_client, "/")
+    assert "1 part missing" in shown(row_of(listing, "codes-1"))
+    css = await fetch_page(plain_client, "/static/style.css")
+    key_rule = re.search(r"\.key \{[^}]*\}", css)
+    assert key_rule and "uppercase" not in key_rule[0], "a field's name reads as written, not shouted"

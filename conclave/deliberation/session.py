@@ -111,10 +111,13 @@ class Session:
         tools: tuple[str, ...],
         role: str | None = None,
         shared: int = 0,
+        marked: bool = False,
     ) -> Answer:
         """One worker turn for provider `name`, as an Answer: a failure is a status, never raised.
-        `shared`: the characters of `system` every role turn of the session starts with, which
-        providers may cache (SPEC §11); role turns also name the session as their cache key."""
+        `shared`: the characters of `system` this session's calls start with (the question or
+        task, and the context), for which the turn names the session as its cache key; `marked`:
+        another call of the session sends `name` the same prefix, so a cache breakpoint ends it
+        (the first such call writes the cache, the others read it)."""
         if name not in self.runtime.config.providers:
             return unknown_provider(name, self.runtime.config)
         turn = WorkerTurn(
@@ -130,7 +133,7 @@ class Session:
             canary=self.canary if tools else "",
             role=role,
             tool_mode=self._tool_mode(name) if tools else "tags",
-            cache_prefix=shared,
+            cache_prefix=shared if marked else 0,
             cache_key=self.id if shared else None,
         )
         ticket = next(self._tickets)
@@ -140,6 +143,13 @@ class Session:
         finally:
             del self.awaiting[ticket]
         return answer_from(outcome, name, self.runtime)
+
+    def declares_tools(self, name: str, tools: tuple[str, ...]) -> bool:
+        """Whether `name`'s turns with `tools` declare them natively. Declarations come before the
+        system prompt, so they belong to the prefix a provider caches; the tags hint follows it."""
+        if not tools or name not in self.runtime.config.providers or self.runtime.worker.tags_only(name):
+            return False
+        return self._tool_mode(name) == "native"
 
     def _tool_mode(self, name: str) -> ToolMode:
         config = self.runtime.config
@@ -284,6 +294,8 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
         path = transcripts.submit(session.id, session.tool, payload)
     status = "dry_run" if session.dry_run else ("degraded" if result.degraded else "ok")
     answers, ok = deliberation.tally(result)
+    # A dry run writes no transcript: its bound is kept here, for the page and `conclave tail`.
+    bound = {"max_cost_usd": result.plan["max_cost_usd"]} if session.dry_run and result.plan else {}
     _end(
         session,
         status,
@@ -293,6 +305,7 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
         ok=ok,
         degraded_reasons=[reason.to_dict() for reason in result.degraded_reasons],
         transcript=path,
+        **bound,
     )
     return result
 

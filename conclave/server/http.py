@@ -1,6 +1,7 @@
 """HTTP transport: MCP Streamable HTTP on `/mcp` (POST; a JSON reply, or an SSE stream when the
 caller asked for progress and accepts it; 202 for notifications) and plain JSON-RPC on
-`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`.
+`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`. `GET /` says what
+is served where, for whoever opens the address by hand.
 
 A stateless request (revision 2026-07-28, see `eras`) must also mirror its version, method and
 tool name in the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and its errors
@@ -13,6 +14,7 @@ import binascii
 import contextlib
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +38,10 @@ from conclave.server.jsonrpc import (
 )
 from conclave.server.lifecycle import serving
 from conclave.telemetry import traced
-from conclave.webguard import allowed_hosts, origin_allowed
+from conclave.webguard import allowed_hosts, host_allowed, origin_allowed
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+UI_PATH = "/ui/"  # where `conclave.ui.mount` puts the session page
 
 
 async def run_http(config: Config, host: str, port: int, *, worker_of: int | None = None) -> None:
@@ -46,7 +49,7 @@ async def run_http(config: Config, host: str, port: int, *, worker_of: int | Non
     the port beside the others (SO_REUSEPORT), and it stops once that supervisor is gone."""
     async with serving(config) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
-        app = build_app(server, bound_host=host)
+        app = build_app(server, bound_host=host, ui=config.server.ui)
         if config.server.ui:
             from conclave.ui import mount  # only then: the page's code is not on the request path
 
@@ -79,7 +82,8 @@ async def _while_supervised(supervisor: int) -> None:
         print("conclave: the supervising process is gone; this worker stops", file=sys.stderr)
 
 
-def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Application:
+def build_app(server: Server, *, bound_host: str = "127.0.0.1", ui: bool = False) -> web.Application:
+    """The transport's routes; `ui`: the session page is mounted at `/ui/` too (the index says so)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     allowed = allowed_hosts(bound_host)
 
@@ -97,7 +101,57 @@ def build_app(server: Server, *, bound_host: str = "127.0.0.1") -> web.Applicati
     app.router.add_post("/mcp", mcp)
     app.router.add_route("*", "/mcp", not_allowed)
     app.router.add_post("/rpc", rpc)
+    app.router.add_get("/", _index_handler(allowed, ui=ui))
     return app
+
+
+# -- GET /: what is served where -------------------------------------------------------------------
+
+
+def _index_handler(allowed: frozenset[str], *, ui: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Someone who opens the server's address in a browser, or curls it, learns where the
+    endpoints are instead of getting a bare 404. Behind the session page's own guard (`Host`
+    and `Origin` must name this machine): a page on another site learns nothing here either."""
+    endpoints = _endpoints(ui)
+
+    async def index(request: web.Request) -> web.Response:
+        if not host_allowed(request.headers.get("host"), allowed):
+            return _plain("Host not allowed: open this server at 127.0.0.1 or localhost.\n", status=403)
+        if not origin_allowed(request.headers.get("origin"), allowed):
+            return _plain("Origin not allowed.\n", status=403)
+        if "application/json" in request.headers.get("accept", ""):
+            return _json({"service": "conclave", "endpoints": endpoints})
+        return _plain(_index_text(endpoints))
+
+    return index
+
+
+def _endpoints(ui: bool) -> dict[str, Any]:
+    return {
+        "mcp": {"path": "/mcp", "method": "POST", "protocol": "MCP Streamable HTTP"},
+        "rpc": {"path": "/rpc", "method": "POST", "protocol": "JSON-RPC 2.0"},
+        "ui": {"path": UI_PATH, "method": "GET", "protocol": "HTML"} if ui else None,
+    }
+
+
+def _index_text(endpoints: dict[str, Any]) -> str:
+    lines = [
+        "Conclave: multi-model deliberation over MCP and JSON-RPC.",
+        "",
+        "POST /mcp  MCP Streamable HTTP: point an MCP client at this URL + /mcp",
+        "POST /rpc  plain JSON-RPC 2.0: the tools are methods (confer, coordinate, fetch, verify,",
+        "           list_providers), their arguments the params",
+    ]
+    if endpoints["ui"] is not None:
+        lines.append(f"GET  {UI_PATH}  the read-only page of recent sessions")
+    else:
+        lines.append(f"The session page ({UI_PATH}) is off: set server.ui: true to serve it.")
+    return "\n".join([*lines, "", "Send Accept: application/json for this as JSON.", ""])
+
+
+def _plain(text: str, *, status: int = 200) -> web.Response:
+    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+    return web.Response(text=text, status=status, content_type="text/plain", headers=headers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from conclave.labels import degraded_label, field_label, humanize, plural, status_label, warning_label
 from conclave.render import fmt_cost, fmt_ms, fmt_tokens
 from conclave.ui.markup import Safe, el, join, void
-from conclave.ui.model import Hop, Review, Round, SessionView, Turn
+from conclave.ui.model import CostPart, Hop, Reason, Review, Round, SessionView, Turn
 from conclave.ui.sessions import SessionSummary
 
 TITLE = "Conclave"
@@ -66,27 +67,56 @@ def sessions_table(rows: Sequence[SessionSummary], prefix: str) -> Safe:
 
 
 def _session_row(row: SessionSummary, prefix: str) -> Safe:
-    link = el("a", row.question or row.session_id, href=session_href(prefix, row.session_id))
+    shown = row.question or el("span", _unrecorded(row), class_="muted")
+    link = el("a", shown, href=session_href(prefix, row.session_id))
     question = el("td", link, el("div", row.session_id, class_="sid"), class_="question")
-    answers = f"{row.ok}/{row.answers} ok" if row.answers is not None else "-"
     return el(
         "tr",
         el("td", _when(row.started), class_="when"),
         el("td", el("span", row.tool, class_="tool")),
         question,
         el("td", status_badge(row.status), _degraded_mark(row)),
-        el("td", fmt_cost(row.cost_usd) if not row.running else "-", class_="num"),
+        el("td", _row_cost(row), class_="num"),
         el("td", fmt_ms(row.duration_ms), class_="num"),
-        el("td", answers, class_="num"),
+        el("td", _row_answers(row), class_="num"),
         data_session=row.session_id,
         data_status=row.status,
     )
 
 
+def _unrecorded(row: SessionSummary) -> str:
+    """What the list shows where a session's question is not known (the event log keeps it only
+    with telemetry.include_content; the transcript, which always has it, is written at the end,
+    and never for a dry run)."""
+    if row.status == "dry_run":
+        return "(dry run: question not recorded)"
+    if row.running:
+        return "(running: the question shows when it ends)"
+    return "(question not recorded)"
+
+
+def _row_cost(row: SessionSummary) -> str:
+    if row.running:
+        return "-"
+    if row.status == "dry_run":  # nothing was called; $0.00 would read as a cheap call
+        return f"dry run: {_bound(row.max_cost_usd)}"
+    return fmt_cost(row.cost_usd)
+
+
+def _bound(max_cost_usd: float | None) -> str:
+    return "no bound (a price is unknown)" if max_cost_usd is None else f"at most {fmt_cost(max_cost_usd)}"
+
+
+def _row_answers(row: SessionSummary) -> str:
+    if row.answers is None or row.status == "dry_run":
+        return "-"
+    return f"{plural(row.answers, 'answer')}, {row.ok or 0} ok"
+
+
 def _degraded_mark(row: SessionSummary) -> Safe | None:
     if not row.degraded_reasons:
         return None
-    return el("span", f"{len(row.degraded_reasons)} missing", class_="note bad")
+    return el("span", f"{plural(len(row.degraded_reasons), 'part')} missing", class_="note bad")
 
 
 def session_href(prefix: str, session_id: str) -> str:
@@ -118,8 +148,8 @@ def session_body(view: SessionView) -> Safe:
         " ",
         status_badge(summary.status),
     )
-    parts: list[Safe | None] = [title, _degraded_banner(view), _warnings(view.warnings)]
-    parts += [_question(view), _totals(view)]
+    parts: list[Safe | None] = [title, _dry_run_banner(view), _degraded_banner(view)]
+    parts += [_warnings(view.warnings), _question(view), _totals(view), _costs(view)]
     if summary.running:
         parts.append(_activity(view))
     parts += [_answers(view.answers), *(_round(r) for r in view.rounds), _review(view.review)]
@@ -129,41 +159,116 @@ def session_body(view: SessionView) -> Safe:
     return join(parts)
 
 
+def _dry_run_banner(view: SessionView) -> Safe | None:
+    """A dry run called nothing: the page says so, with the bound its plan put on the cost
+    (kept by `session_end`), rather than show a cost of $0.00."""
+    if not view.dry_run:
+        return None
+    who = f" It would have asked {', '.join(view.planned)}." if view.planned else ""
+    text = (
+        f"nothing was called and nothing was spent.{who} Its plan bounds the cost: "
+        f"{_bound(view.summary.max_cost_usd)}. The whole plan went back to the caller."
+    )
+    return el("section", el("strong", "Dry run: "), text, class_="banner info")
+
+
 def _degraded_banner(view: SessionView) -> Safe | None:
     if not view.degraded and view.summary.status != "degraded":
         return None
-    items = [el("li", reason) for reason in view.degraded] or [el("li", "(no reason recorded)")]
+    items = [el("li", _reason(r)) for r in view.degraded] or [el("li", "(no reason recorded)")]
     head = el("strong", "Degraded: this result is missing parts.")
     return el("section", head, el("ul", items), class_="banner degraded", role="alert")
+
+
+def _reason(reason: Reason) -> Safe:
+    """`sim-gemini (critic): timed out (no answer before the call's deadline)`, its codes small."""
+    return join([f"{reason.who}: {reason.label} ", _code(*reason.codes)])
 
 
 def _warnings(warnings: Sequence[str]) -> Safe | None:
     if not warnings:
         return None
-    return el("section", el("strong", "Warnings: "), ", ".join(warnings), class_="banner warn")
+    items = [el("li", warning_label(w), " ", _code(w)) for w in warnings]
+    return el("section", el("strong", "Warnings"), el("ul", items), class_="banner warn")
 
 
 def _question(view: SessionView) -> Safe:
     label = "Task" if view.summary.tool == "coordinate" else "Question"
     if view.question is None:
-        missing = "The question is in the transcript, written when the call ends."
-        return el("section", el("h2", label), el("p", missing, class_="muted"), class_="question")
+        missing = el("p", _question_missing(view), class_="muted")
+        return el("section", el("h2", label), missing, class_="question")
     context = el("details", el("summary", "Context"), el("pre", view.context)) if view.context else None
     return el("section", el("h2", label), el("p", view.question, class_="prose"), context, class_="question")
 
 
+def _question_missing(view: SessionView) -> str:
+    kept = "the event log keeps it only when telemetry.include_content is on"
+    if view.dry_run:
+        return f"Not recorded: a dry run writes no transcript, and {kept}."
+    if view.summary.running:
+        return "The question is in the transcript, written when the call ends."
+    return f"Not recorded: this session has no transcript (turned off, or removed), and {kept}."
+
+
 def _totals(view: SessionView) -> Safe:
     usage = view.usage
+    cost = fmt_cost(usage.get("cost_usd")) if usage else "-"
     cells = [
-        ("cost", fmt_cost(usage.get("cost_usd")) if usage else "-"),
-        ("tokens", fmt_tokens(usage) if usage else "-"),
+        ("cost", f"dry run: {_bound(view.summary.max_cost_usd)}" if view.dry_run else cost),
+        ("tokens", fmt_tokens(usage) if usage and not view.dry_run else "-"),
         ("duration", fmt_ms(view.latency_ms if view.latency_ms is not None else view.summary.duration_ms)),
         ("started", _when(view.summary.started)),
     ]
-    if view.converged is not None:
-        cells.append(("converged", "yes" if view.converged else "no"))
+    if view.rounds_asked is not None:
+        cells.append(("rounds", _rounds(view, view.rounds_asked)))
+    if view.stop_reason is not None:
+        cells.append(("stopped", view.stop_reason))
     items = [el("div", el("dt", name), el("dd", value)) for name, value in cells]
     return el("dl", items, class_="totals")
+
+
+def _rounds(view: SessionView, asked: int) -> str:
+    if view.dry_run:
+        return f"{asked} asked, none run"
+    if view.rounds_run is None:  # still running
+        return f"{asked} asked"
+    return f"{view.rounds_run} of {asked} asked"
+
+
+def _costs(view: SessionView) -> Safe | None:
+    """Where the cost went, each part with its cost as a number too (`data-cost`), adding up to
+    the total: a confer's answers, review and synthesis; a coordinate's roles."""
+    if not view.costs:
+        return None
+    coordinate = view.summary.tool == "coordinate"
+    head = el("tr", [el("th", h) for h in ("role" if coordinate else "part", "", "tokens", "cost")])
+    rows = [_cost_row(part) for part in view.costs]
+    total = view.usage.get("cost_usd")
+    foot = el(
+        "tr",
+        el("th", "total"),
+        el("td"),
+        el("td", fmt_tokens(view.usage)),
+        el("td", fmt_cost(total), class_="num", data_cost=_data_cost(total)),
+    )
+    title = "Per role" if coordinate else "Where the cost went"
+    table = el("table", el("thead", head), el("tbody", rows), el("tfoot", foot), class_="costs")
+    return el("section", el("h2", title), table)
+
+
+def _cost_row(part: CostPart) -> Safe:
+    return el(
+        "tr",
+        el("th", part.name),
+        el("td", part.detail, class_="muted"),
+        el("td", fmt_tokens(part.usage) if part.usage else "-"),
+        el("td", fmt_cost(part.cost_usd), class_="num", data_cost=_data_cost(part.cost_usd)),
+        data_part=part.name,
+    )
+
+
+def _data_cost(cost: object) -> str:
+    return repr(float(cost)) if isinstance(cost, int | float) else "unknown"
 
 
 def _activity(view: SessionView) -> Safe:
@@ -191,8 +296,16 @@ def _card(turn: Turn, body: Safe | None = None) -> Safe:
         el("div", _facts(turn), class_="facts"),
     )
     said = body if body is not None else _said(turn)
-    error = el("p", turn.error, class_="error") if turn.error else None
-    return el("article", head, error, said, _calls(turn.calls), class_=f"card {_tone(turn.status)}")
+    return el("article", head, _error(turn), said, _calls(turn.calls), class_=f"card {_tone(turn.status)}")
+
+
+def _error(turn: Turn) -> Safe | None:
+    """What went wrong in words, then the provider's own message (its words: escaped)."""
+    if turn.error_code is None and turn.error is None:
+        return None
+    code = turn.error_code or "error"
+    message = f": {turn.error}" if turn.error else ""
+    return el("p", degraded_label(code), message, " ", _code(code), class_="error")
 
 
 def _facts(turn: Turn) -> str:
@@ -200,12 +313,12 @@ def _facts(turn: Turn) -> str:
         turn.model,
         fmt_ms(turn.latency_ms),
         fmt_cost(turn.cost_usd),
-        f"{turn.hops} hop{'s' * (turn.hops != 1)}",
+        plural(turn.hops, "hop"),
     ]
     if turn.tool_mode:
         parts.append(f"tools: {turn.tool_mode}")
     if turn.fallback_from:
-        parts.append(f"instead of {turn.fallback_from}")
+        parts.append(f"instead of {turn.fallback_from.who}: {turn.fallback_from.label}")
     return " · ".join(parts)
 
 
@@ -226,18 +339,14 @@ def _envelope(envelope: Mapping[str, Any]) -> Safe:
 
 
 def _field(key: str, value: Any) -> Safe:
+    name = el("span", field_label(key), class_="key", title=key)  # the envelope's own name on hover
     if isinstance(value, list):
         if not value:
-            return el("div", el("span", key, class_="key"), " none", class_="field")
-        return el(
-            "div",
-            el("span", key, class_="key"),
-            el("ul", [el("li", _item(v)) for v in value]),
-            class_="field",
-        )
+            return el("div", name, " none", class_="field")
+        return el("div", name, el("ul", [el("li", _item(v)) for v in value]), class_="field")
     if key in ("answer", "proposal"):
         return el("div", str(value), class_="text")
-    return el("div", el("span", key, class_="key"), " ", str(value), class_="field")
+    return el("div", name, " ", str(value), class_="field")
 
 
 def _item(value: Any) -> Safe:
@@ -256,7 +365,7 @@ def _calls(calls: Sequence[Hop]) -> Safe | None:
 
 
 def _hop(hop: Hop) -> Safe:
-    reason = f" · {hop.reason}" if hop.reason else ""
+    reason = [f" · {humanize(hop.reason)} ", _code(hop.reason)] if hop.reason else None
     summary = el("summary", f"hop {hop.number} · {hop.tool} · ", status_badge(hop.status), reason)
     if hop.said:  # the tag the model wrote
         call = el("pre", hop.said, class_="call")
@@ -317,7 +426,8 @@ def _review(review: Review | None) -> Safe | None:
         el("h2", "Review"),
         el(
             "p",
-            f"Each member ranked the others' answers, blind. Agreement (Kendall's W): {agreement}.",
+            f"Each member ranked the others' answers, blind ({plural(len(review.rankings), 'ranking')} "
+            f"came back). Agreement (Kendall's W): {agreement}.",
             class_="muted",
         ),
         el("table", el("thead", head), el("tbody", rows), class_="ranking"),
@@ -352,7 +462,13 @@ def _synthesis(turn: Turn | None) -> Safe | None:
 
 
 def status_badge(status: str) -> Safe:
-    return el("span", status, class_=f"badge {_tone(status)}")
+    """A status in words (`dry run`, `timed out`); the code itself on hover."""
+    return el("span", status_label(status), class_=f"badge {_tone(status)}", title=status)
+
+
+def _code(*codes: str) -> Safe:
+    """The codes behind words, small: what to search the docs and the event log for."""
+    return el("small", ", ".join(codes), class_="code")
 
 
 def _tone(status: str) -> str:

@@ -21,6 +21,7 @@ import orjson
 from conclave.tail import Follower, parse_line
 
 RECENT = 100  # sessions the list shows
+PREVIEW_CHARS = 200  # of a question in the list: RECENT rows of it keep the list small
 _SESSION_EVENTS = (b'"session_start"', b'"session_end"')
 _TRANSCRIPT_CACHE = 512
 
@@ -33,9 +34,10 @@ class SessionSummary:
     tool: str
     started: str  # ISO-8601 UTC
     status: str = "running"
-    question: str | None = None
+    question: str | None = None  # a preview (`preview`): the whole question is on the session's page
     degraded_reasons: tuple[Mapping[str, Any], ...] = ()
     cost_usd: float | None = None
+    max_cost_usd: float | None = None  # a dry run's bound on what the call would have cost
     duration_ms: float | None = None
     answers: int | None = None
     ok: int | None = None
@@ -150,7 +152,7 @@ class Sessions:
         body = self.transcript(row.session_id) or {}
         arguments = body.get("arguments") or {}
         asked = arguments.get("question") or arguments.get("task")
-        row = dataclasses.replace(row, question=asked) if isinstance(asked, str) else row
+        row = dataclasses.replace(row, question=preview(asked)) if isinstance(asked, str) else row
         return _from_result(row, body.get("result")) if row.status == "ended" else row
 
 
@@ -168,8 +170,21 @@ def _started(event: Mapping[str, Any]) -> SessionSummary:
         session_id=event["session_id"],
         tool=str(event.get("tool", "?")),
         started=str(event.get("ts", "")),
-        question=asked if isinstance(asked, str) else None,
+        question=preview(asked) if isinstance(asked, str) else None,
     )
+
+
+def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """The start of `text` on one line, at most `limit` characters, cut after a whole word and
+    marked with an ellipsis when cut. Kept short where it is read, so a huge question costs the
+    list (and the memory of every session it knows) no more than a short one."""
+    head = " ".join(text[: limit * 2].split())  # runs of whitespace and newlines as one space
+    if len(head) <= limit:
+        return head if len(text) <= limit * 2 else head + "…"
+    cut = head[: limit + 1]
+    space = cut.rfind(" ")
+    cut = cut[:space] if space >= limit // 2 else cut[:limit]  # one very long word is cut inside it
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 def _ended(start: SessionSummary | None, event: Mapping[str, Any]) -> SessionSummary:
@@ -180,6 +195,7 @@ def _ended(start: SessionSummary | None, event: Mapping[str, Any]) -> SessionSum
         base,
         status=str(event.get("status", "?")),
         cost_usd=(usage or {}).get("cost_usd"),
+        max_cost_usd=event.get("max_cost_usd"),
         duration_ms=event.get("duration_ms"),
         answers=event.get("answers"),
         ok=event.get("ok"),
