@@ -40,12 +40,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"conclave: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `conclave tail | head`: the reader has all it wanted
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except OSError as exc:  # an unwritable event log, a full disk: one line, never a traceback
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"conclave: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+# A reader that closed the pipe early (`| head`) is not an error worth a message: exit as a
+# process killed by SIGPIPE would, which is what shells and `set -o pipefail` expect.
+EXIT_BROKEN_PIPE = 141
+# The exit statuses of confer and coordinate (README): complete, degraded, bad arguments or
+# config, and a result in which no model answered at all.
+EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NO_ANSWER = 0, 1, 2, 3
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot raise again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _positive_seconds(text: str) -> float:
@@ -119,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--port", type=int, default=8900)
     sim.add_argument("--latency-ms", type=float, default=0.0)
     sim.add_argument("--caching", action="store_true", help="play each provider's prompt caching rule")
+    sim.add_argument(
+        "--no-role-answers",
+        action="store_true",
+        help="answer role prompts (proposer, critic, reviewer, synthesizer) in plain text too",
+    )
     sim.set_defaults(handler=cmd_sim)
 
     _add_confer(sub, common)
@@ -145,7 +168,7 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     confer = sub.add_parser(
         "confer", parents=[common], help="ask every provider in the panel the same question, in parallel"
     )
-    confer.add_argument("question")
+    confer.add_argument("question", help="the question; - reads it from standard input")
     confer.add_argument("--providers", metavar="A,B", help="providers to ask (default: the panel)")
     confer.add_argument("--system", metavar="TEXT", help="system prompt for every panel member")
     confer.add_argument(
@@ -160,7 +183,7 @@ def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     coordinate = sub.add_parser(
         "coordinate", parents=[common], help="run a proposer -> critics -> synthesizer debate"
     )
-    coordinate.add_argument("task")
+    coordinate.add_argument("task", help="the task; - reads it from standard input")
     coordinate.add_argument("--proposer", metavar="NAME", help="default: roles.proposer")
     coordinate.add_argument("--critics", metavar="A,B", help="default: roles.critics")
     coordinate.add_argument("--synthesizer", metavar="NAME", help="default: roles.synthesizer")
@@ -176,7 +199,11 @@ def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _add_call_options(parser: argparse.ArgumentParser) -> None:
     """The options confer and coordinate share; each maps to one tool argument."""
-    parser.add_argument("--context", metavar="TEXT", help="background material sent with the question")
+    context = parser.add_mutually_exclusive_group()
+    context.add_argument("--context", metavar="TEXT", help="background material sent with the question")
+    context.add_argument(
+        "--context-file", metavar="FILE|-", help="read the context from a file (- reads standard input)"
+    )
     parser.add_argument("--worker-tools", metavar="fetch,verify", help="tools members may call mid-answer")
     parser.add_argument("--cost-cap", type=float, metavar="USD", help="worker tool cost cap per turn")
     parser.add_argument("--cost-cap-mode", choices=("warn", "enforce", "off"))
@@ -311,9 +338,22 @@ def cmd_providers(args: argparse.Namespace) -> int:
             ]
         )
     _print_table(table)
+    print(f"panel (confer): {', '.join(config.panel)}")
+    print(_roles_line(config))
     # Breakers live in a serving process's memory; this one cannot see them.
     print("breaker states: ask a running server (its list_providers tool)")
     return 0
+
+
+def _roles_line(config: Config) -> str:
+    roles = config.roles
+    line = (
+        f"roles (coordinate): proposer {roles.proposer} · critics {', '.join(roles.critics) or 'none'} · "
+        f"synthesizer {roles.synthesizer} (fallbacks: {', '.join(roles.synthesizer_fallbacks) or 'none'})"
+    )
+    if roles.synthesizer == roles.proposer:
+        line += "\nnote: the proposer also synthesizes, judging its own proposal; set roles.synthesizer"
+    return line
 
 
 def _key_cell(row: dict[str, Any]) -> str:
@@ -406,9 +446,20 @@ def _print_doctor(config: Config, checks: list[ProviderCheck], simulated: bool, 
         print(f"verdict: BROKEN - providers in use that fail: {', '.join(broken)}")
     else:
         print("verdict: ok - every provider in use answered")
+    if broken and all(c.verdict == "missing_key" for c in checks if c.in_use):
+        print(
+            "no provider in use has its key: put the keys in the environment or ./.env, or see "
+            "Conclave work without one: `conclave doctor --simulated`, `conclave demo`"
+        )
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    if "://" not in args.url:  # not a URL at all: a usage error, not a policy's refusal
+        print(
+            f"conclave fetch: {args.url!r} is not a URL; write it whole, e.g. https://example.org/",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     tool_args: dict[str, Any] = {"url": args.url}
     if args.max_bytes is not None:
         tool_args["max_bytes"] = args.max_bytes
@@ -478,15 +529,44 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from conclave.sim.__main__ import main as sim_main
 
     argv = ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
-    status: int = sim_main(argv + (["--caching"] if args.caching else []))
+    argv += ["--caching"] if args.caching else []
+    argv += ["--no-role-answers"] if args.no_role_answers else []
+    status: int = sim_main(argv)
     return status
 
 
 # ---------------------------------------------------------------- confer and coordinate
 
 
+class _InputError(Exception):
+    """A question or context that cannot be read: one line, exit status 2."""
+
+
+def _read_text(source: str, what: str) -> str:
+    """The text of a file, or of standard input for `-`."""
+    try:
+        if source == "-":
+            return sys.stdin.read()
+        return Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        where = "standard input" if source == "-" else repr(source)
+        raise _InputError(f"cannot read the {what} from {where}: {reason}") from None
+
+
+def _inputs(args: argparse.Namespace, first: str) -> dict[str, Any]:
+    """The question (or task) and the context, each given inline, from a file, or from stdin."""
+    text: str = getattr(args, first)
+    if text == "-" and args.context_file == "-":
+        raise _InputError(f"the {first} and --context-file cannot both read standard input")
+    out: dict[str, Any] = {first: _read_text("-", first) if text == "-" else text}
+    if args.context_file is not None:
+        out["context"] = _read_text(args.context_file, "context")
+    return out
+
+
 def cmd_confer(args: argparse.Namespace) -> int:
-    tool_args: dict[str, Any] = {"question": args.question}
+    tool_args: dict[str, Any] = {}
     if args.providers is not None:
         tool_args["providers"] = _names(args.providers)
     if args.system is not None:
@@ -494,11 +574,11 @@ def cmd_confer(args: argparse.Namespace) -> int:
     for stage in ("review", "synthesize"):
         if getattr(args, stage):
             tool_args[stage] = True
-    return _deliberation(args, "confer", {**tool_args, **_call_args(args)})
+    return _deliberation(args, "confer", "question", {**tool_args, **_call_args(args)})
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
-    tool_args: dict[str, Any] = {"task": args.task}
+    tool_args: dict[str, Any] = {}
     for key in ("proposer", "synthesizer", "rounds"):
         if getattr(args, key) is not None:
             tool_args[key] = getattr(args, key)
@@ -506,7 +586,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         tool_args["critics"] = _names(args.critics)
     if args.all_rounds:
         tool_args["stop_when_converged"] = False
-    return _deliberation(args, "coordinate", {**tool_args, **_call_args(args)})
+    return _deliberation(args, "coordinate", "task", {**tool_args, **_call_args(args)})
 
 
 # CLI option -> tool argument, for the options both commands share.
@@ -540,20 +620,46 @@ def _names(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _deliberation(args: argparse.Namespace, tool: Deliberation, tool_args: dict[str, Any]) -> int:
-    """Exit 0 when complete, 1 when degraded, 2 on invalid arguments (config errors: see main)."""
-    from conclave.render import progress_for, render, wants_colour
+def _deliberation(args: argparse.Namespace, tool: Deliberation, first: str, tool_args: dict[str, Any]) -> int:
+    """Exit 0 when complete, 1 when degraded, 3 when no model answered at all, 2 on invalid
+    arguments (config errors: see main)."""
+    from conclave.render import nobody_answered, progress_for, render, wants_colour
 
     config = _load(args)
+    try:
+        tool_args = {**_inputs(args, first), **tool_args}
+    except _InputError as exc:
+        print(f"conclave {tool}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if (status := _refuse_invalid(tool, tool_args)) is not None:
         return status
+    if (unknown := _unknown_providers(tool_args, config)) is not None:
+        print(f"conclave {tool}: {unknown}", file=sys.stderr)
+        return EXIT_USAGE
     progress = progress_for(tool, tool_args, config, sys.stderr)
     result = anyio.run(_run_in_runtime, config, tool, tool_args, progress)
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(render(tool, result, colour=wants_colour(sys.stdout)))
-    return 1 if result.get("degraded") else 0
+    if nobody_answered(result):
+        return EXIT_NO_ANSWER
+    return EXIT_DEGRADED if result.get("degraded") else EXIT_OK
+
+
+def _unknown_providers(tool_args: dict[str, Any], config: Config) -> str | None:
+    """A provider name the config does not define is a typo on the command line: say so and
+    list the names that work, rather than run a call that can only come back degraded."""
+    named = [*tool_args.get("providers", ()), *tool_args.get("critics", ())]
+    named += [tool_args[key] for key in ("proposer", "synthesizer") if key in tool_args]
+    unknown = [name for name in dict.fromkeys(named) if name not in config.providers]
+    if not unknown:
+        return None
+    which = ", ".join(repr(name) for name in unknown)
+    noun = "provider" if len(unknown) == 1 else "providers"
+    return (
+        f"unknown {noun} {which}; configured: {', '.join(config.providers)} (conclave providers lists them)"
+    )
 
 
 # ---------------------------------------------------------------- tail, serve, demo
@@ -691,8 +797,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _ui_command(args: argparse.Namespace) -> str:
-    """`conclave ui` with the options that load the configuration `args` loaded."""
-    words = ["conclave", "ui"]
+    """`conclave ui` with the options that load the configuration `args` loaded, typed as this
+    machine runs this conclave (`.venv/bin/conclave` when none is on the PATH)."""
+    from conclave.demo import conclave_command
+
+    words = [*shlex.split(conclave_command()), "ui"]
     if args.config:
         words += ["--config", args.config]
     for override in args.overrides:

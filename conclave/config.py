@@ -1,8 +1,9 @@
 """Configuration: one function resolves CLI > environment > file > defaults into a frozen Config.
 
-Discovery (SPEC §6): `--config PATH`, else `CONCLAVE_CONFIG`, else `./config.yaml`, else the
-packaged default. Keys come from the environment or a local `.env`, never from the file.
-Every error is one line naming the key path and the fix.
+Discovery: `--config PATH`, else `CONCLAVE_CONFIG`, else `./config.yaml`, else the packaged
+default. A user's file is layered over the packaged default (docs/configuration.md): it need
+only say what differs. Keys come from the environment or a local `.env`, never from the file.
+Every error is one line naming the key path, where the value came from, and the fix.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class ProviderConfig:
     reasoning: bool | None = None  # None: decided from the model name
     max_tokens_field: str | None = None  # openai kind only; None: decided from model and host
     tool_mode: Literal["native", "tags"] | None = None  # None: worker_tools.mode decides
+    # openai kind: the API takes `prompt_cache_key` (OpenAI's own does); servers that do not
+    # know the field may refuse the request, so it is never inferred from the host.
+    prompt_cache_key: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,27 +248,72 @@ def load_config(
     """Resolve the configuration: CLI (`--config`, `--set a.b=v`) > environment > file > defaults."""
     environ = dict(os.environ if env is None else env)
     path = find_config_file(cli_path, environ)
-    raw = _read_yaml(path)
-    _apply_env_overrides(raw, environ)
+    raw = _layered(path)
+    origins = Origins(path)
+    _apply_env_overrides(raw, environ, origins)
     for item in overrides:
-        _apply_override(raw, item)
+        _apply_override(raw, item, origins)
     keys = {**(read_dotenv(dotenv) if dotenv else {}), **environ}
-    _check_redis_url(raw, path)
+    _check_redis_url(raw, origins)
     if url := keys.get(REDIS_URL_ENV):  # after the check: the variable may carry a password
         raw.setdefault("state", {})["redis_url"] = url
-    _validate(raw, path)
-    _check_state(raw, path)
+    _validate(raw, origins)
+    _check_state(raw, origins)
     return _build(raw, str(path), keys)
 
 
-def _check_redis_url(raw: dict[str, Any], path: Path) -> None:
+class Origins:
+    """Where each value came from, so an error blames the file, a `--set` or a variable rightly."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._set: dict[str, str] = {}  # dotted key -> "from --set a.b=v"
+
+    def record(self, dotted: str, origin: str) -> None:
+        self._set[dotted] = origin
+
+    def of(self, *key_paths: str, unknown: Sequence[str] = ()) -> str:
+        """`(from --set ...)` when one of the paths is (inside) a value set outside the file, or
+        one of the `unknown` keys holds one (`limts` holds `--set limts.timeout_seconds=5`)."""
+        for dotted, origin in self._set.items():
+            inside = any(p == dotted or p.startswith((f"{dotted}.", f"{dotted}[")) for p in key_paths)
+            if inside or any(dotted.startswith(f"{key}.") or dotted == key for key in unknown):
+                return f"({origin})"
+        return f"(in {self.path})"
+
+
+def _layered(path: Path) -> dict[str, Any]:
+    """The user's file over the packaged default: a file that sets only `panel`, or only
+    `providers.openai.model`, keeps every other default and preset."""
+    raw = _read_yaml(path)
+    default = data_path("config.yaml")
+    if path.resolve() == default.resolve():
+        return raw
+    return _merge(_read_yaml(default), raw, ())
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any], where: tuple[str, ...]) -> dict[str, Any]:
+    """Mappings merge key by key; any other value replaces. A provider entry's fields replace
+    whole: a user's `price` is the price, not a patch over the preset's cache rates."""
+    merged: dict[str, Any] = {}  # the user's keys first: their own providers lead every listing
+    for key, value in over.items():
+        below = base.get(key)
+        atomic = len(where) == 2 and where[0] == "providers"
+        if isinstance(value, dict) and isinstance(below, dict) and not atomic:
+            merged[key] = _merge(below, value, (*where, key))
+        else:
+            merged[key] = value
+    return merged | {key: value for key, value in base.items() if key not in over}
+
+
+def _check_redis_url(raw: dict[str, Any], origins: Origins) -> None:
     """A password in a config file would end up in the repository; it belongs in the variable."""
     state = raw.get("state")
     url = state.get("redis_url") if isinstance(state, dict) else None
     if isinstance(url, str) and _password(url):
         raise ConfigError(
             f"config: state.redis_url carries a password; put the whole URL in the environment "
-            f"variable {REDIS_URL_ENV} (or .env) instead (in {path})"
+            f"variable {REDIS_URL_ENV} (or .env) instead {origins.of('state.redis_url')}"
         )
 
 
@@ -280,8 +329,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     data = _parse_yaml(text, str(path))
     if data is None:
         raise ConfigError(
-            f"config: {path} is empty; write at least a providers section "
-            "(the packaged config.yaml is a commented example) or drop it to use the packaged default"
+            f"config: {path} is empty; write only what differs from the packaged default (e.g. "
+            "panel: [openai, anthropic]; its config.yaml is a commented example) or drop the file"
         )
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path}: the top level must be a mapping of sections")
@@ -326,14 +375,22 @@ def _check_keys(data: dict[str, Any], path: Path) -> None:
             stack.append((child, f"{where}.{key}" if where else key))
 
 
-def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
-    if panel := env.get("CONCLAVE_PANEL"):
-        raw["panel"] = [p.strip() for p in panel.split(",") if p.strip()]
+def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str], origins: Origins) -> None:
+    if (panel := env.get("CONCLAVE_PANEL")) is not None and panel.strip():
+        names = [p.strip() for p in panel.split(",") if p.strip()]
+        if not names:
+            raise ConfigError(
+                f"config: CONCLAVE_PANEL={panel!r} names no provider; set it to names separated "
+                "by commas (e.g. openai,anthropic) or unset it to use the config's panel"
+            )
+        raw["panel"] = names
+        origins.record("panel", "from CONCLAVE_PANEL")
     if path := env.get("CONCLAVE_TELEMETRY_PATH"):
         raw.setdefault("telemetry", {})["path"] = path
+        origins.record("telemetry.path", "from CONCLAVE_TELEMETRY_PATH")
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str, origins: Origins) -> None:
     """`--set limits.timeout_seconds=30`: the value is parsed as YAML."""
     dotted, sep, value = item.partition("=")
     if not sep or not dotted:
@@ -348,19 +405,46 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     try:
         node[leaf] = yaml.safe_load(value)
     except (yaml.YAMLError, RecursionError):
-        raise ConfigError(f"config: --set {dotted}: value {_show(value)} is not valid YAML") from None
+        raise ConfigError(
+            f"config: --set {dotted}: value {_show(value)} is not valid YAML (--set values are "
+            "read as YAML: a list is [a, b], a string with : or # is quoted)"
+        ) from None
+    origins.record(dotted, f"from --set {item}")
 
 
-def _validate(raw: dict[str, Any], path: Path) -> None:
+def _validate(raw: dict[str, Any], origins: Origins) -> None:
     error = first_error(CONFIG_SCHEMA, raw)
     if error is not None:
         where = json_path(error).removeprefix("$.") if error.absolute_path else "(top level)"
-        raise ConfigError(f"config: {where}: {_explain(error)} (in {path})")
-    _check_references(raw, path)
-    _check_paths(raw, path)
+        at = "" if where == "(top level)" else where
+        unknown = _unknown_keys(error, at)
+        origin = origins.of(at, unknown=unknown)
+        hint = _yaml_hint(error) if origin.startswith("(from --set") else ""
+        raise ConfigError(f"config: {where}: {_explain(error)}{hint} {origin}")
+    _check_references(raw, origins)
+    _check_paths(raw, origins)
 
 
-def _check_paths(raw: dict[str, Any], path: Path) -> None:
+def _unknown_keys(error: Any, at: str) -> list[str]:
+    """An unknown key is reported on its parent, but it is the key itself that someone wrote."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+        return []
+    known = error.schema.get("properties", {})
+    return [f"{at}.{key}" if at else key for key in error.instance if key not in known]
+
+
+def _yaml_hint(error: Any) -> str:
+    """`--set panel=openai,xai` reads as one string; say how YAML writes a list."""
+    if (
+        error.validator == "type"
+        and isinstance(error.instance, str)
+        and "array" in str(error.validator_value)
+    ):
+        return f" (--set values are read as YAML: write a list as [{error.instance}])"
+    return ""
+
+
+def _check_paths(raw: dict[str, Any], origins: Origins) -> None:
     """The event log must be a file and the transcripts folder a folder: caught here as one line,
     not later as a traceback from the first write."""
     telemetry, transcripts = raw.get("telemetry", {}), raw.get("transcripts", {})
@@ -368,12 +452,13 @@ def _check_paths(raw: dict[str, Any], path: Path) -> None:
     if telemetry.get("enabled", True) and log.is_dir():
         raise ConfigError(
             f"config: telemetry.path: {str(log)!r} is a directory; name the event log file, "
-            f"e.g. {str(log / 'events.ndjson')!r} (in {path})"
+            f"e.g. {str(log / 'events.ndjson')!r} {origins.of('telemetry.path')}"
         )
     folder = Path(transcripts.get("dir", TranscriptsConfig().dir)).expanduser()
     if transcripts.get("enabled", True) and folder.exists() and not folder.is_dir():
         raise ConfigError(
-            f"config: transcripts.dir: {str(folder)!r} is a file, not a folder; name a folder (in {path})"
+            f"config: transcripts.dir: {str(folder)!r} is a file, not a folder; name a folder "
+            f"{origins.of('transcripts.dir')}"
         )
 
 
@@ -387,6 +472,8 @@ def _explain(error: Any) -> str:
         return f"{_show(error.instance)} is not of type {error.validator_value!r}; fix the value"
     if error.validator == "enum":
         return f"{_show(error.instance)} is not one of {error.validator_value}; use one of those"
+    if error.validator == "minItems" and error.validator_value == 1:
+        return "is empty; name at least one provider (e.g. [openai])"
     return f"{error.message}; fix the value"
 
 
@@ -399,7 +486,7 @@ def _show(value: Any) -> str:
     return _SHOW.repr(value)
 
 
-def _check_references(raw: dict[str, Any], path: Path) -> None:
+def _check_references(raw: dict[str, Any], origins: Origins) -> None:
     """Every provider named by panel or roles must be defined under `providers`."""
     known = set(raw.get("providers", {}))
     roles = raw.get("roles", {})
@@ -413,13 +500,13 @@ def _check_references(raw: dict[str, Any], path: Path) -> None:
         if name not in known:
             raise ConfigError(
                 f"config: {where}: provider {name!r} is not defined; add it under providers "
-                f"or use one of: {', '.join(sorted(known)) or '(none defined)'} (in {path})"
+                f"or use one of: {', '.join(sorted(known)) or '(none defined)'} {origins.of(where)}"
             )
 
 
 def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
     providers = {name: _provider(name, entry) for name, entry in raw.get("providers", {}).items()}
-    panel = tuple(raw.get("panel", list(providers)[:3]))
+    panel = tuple(raw["panel"])
     return Config(
         providers=providers,
         panel=panel,
@@ -438,10 +525,10 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
     )
 
 
-def _check_state(raw: dict[str, Any], path: Path) -> None:
+def _check_state(raw: dict[str, Any], origins: Origins) -> None:
     state = raw.get("state", {})
     if problem := redis_backend_problem(state.get("backend", "memory"), state.get("redis_url")):
-        raise ConfigError(f"{problem} (in {path})")
+        raise ConfigError(f"{problem} {origins.of('state.backend', 'state.redis_url')}")
 
 
 def redis_backend_problem(backend: str, redis_url: str | None) -> str | None:
@@ -491,13 +578,18 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         reasoning=entry.get("reasoning"),
         max_tokens_field=entry.get("max_tokens_field"),
         tool_mode=entry.get("tool_mode"),
+        prompt_cache_key=bool(entry.get("prompt_cache_key")),
     )
 
 
 def _roles(raw: Mapping[str, Any], panel: tuple[str, ...]) -> RolesConfig:
-    proposer = raw.get("proposer", panel[0] if panel else "")
-    critics = tuple(raw.get("critics", [p for p in panel if p != proposer]))
-    synthesizer = raw.get("synthesizer", proposer)
+    """Roles the config leaves out are derived from the panel: its first member proposes, the
+    others critique, the first other than the proposer synthesizes (so the proposer never
+    judges its own proposal unless the panel has one member), the rest are its fallbacks."""
+    proposer = raw.get("proposer", panel[0])
+    others = [p for p in panel if p != proposer]
+    critics = tuple(raw.get("critics", others))
+    synthesizer = raw.get("synthesizer", others[0] if others else proposer)
     fallbacks = raw.get("synthesizer_fallbacks")
     if fallbacks is None:
         fallbacks = [p for p in panel if p != synthesizer]

@@ -15,6 +15,7 @@ requests on a small machine, aiohttp does not.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -124,7 +125,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read)
             raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
         except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc)) from exc
+            raise httpx.ConnectError(_connect_failure(exc)) from exc
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from exc
         except aiohttp.ClientError as exc:
@@ -153,6 +154,14 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    """`127.0.0.1:11434: connection refused`, without aiohttp's `ssl:default [Connect call
+    failed (...)]` around it."""
+    error = exc.os_error
+    reason = (os.strerror(error.errno) if error.errno else str(error)) or type(exc).__name__
+    return f"{exc.host}:{exc.port}: {reason[:1].lower()}{reason[1:]}"
 
 
 def _as_bytes(headers: ResponseHeaders) -> list[tuple[bytes, bytes]]:

@@ -18,6 +18,7 @@ from typing import Any, Literal, TextIO
 import anyio
 
 from conclave.config import Config
+from conclave.labels import plural, reason_codes, unique, warning_label
 
 Deliberation = Literal["confer", "coordinate"]  # the tools whose results this module draws
 REDRAW_SECONDS = 0.1
@@ -100,9 +101,32 @@ def _bullets(title: str, items: Sequence[Any] | None, prefix: str = "  ") -> lis
 
 
 def _reason(reason: Mapping[str, Any]) -> str:
+    """`alpha (proposer): error, server_error`: the codes, each once, that programs and the docs use."""
     role = f" ({reason['role']})" if reason.get("role") else ""
-    code = f", {reason['code']}" if reason.get("code") else ""
-    return f"{reason.get('provider')}{role}: {reason.get('status')}{code}"
+    return f"{reason.get('provider')}{role}: {', '.join(reason_codes(reason))}"
+
+
+def nobody_answered(result: Mapping[str, Any]) -> bool:
+    """No model produced anything: every answer (confer) or every role turn (coordinate) failed.
+    A dry run calls nobody by design."""
+    if result.get("dry_run"):
+        return False
+    turns = list(result.get("answers") or [])
+    for entry in result.get("rounds") or []:
+        turns += [entry.get("proposal") or {}, *(entry.get("critiques") or [])]
+    turns.append(result.get("synthesis") or {})
+    return not any(turn.get("status") == "ok" for turn in turns)
+
+
+def _missing_keys_hint(result: Mapping[str, Any]) -> list[str]:
+    """When nobody answered because no key is set, say how to see Conclave work without one."""
+    reasons = result.get("degraded_reasons") or []
+    if not reasons or any(r.get("code") != "missing_api_key" for r in reasons):
+        return []
+    return [
+        "  no API key is set: put keys in the environment or ./.env (conclave doctor says which), "
+        "or try `conclave demo`, which needs none"
+    ]
 
 
 # ---------------------------------------------------------------- confer
@@ -122,7 +146,7 @@ def render_confer(result: Mapping[str, Any], *, colour: bool = False) -> str:
     if result.get("synthesis"):
         lines += ["", *_synthesis_block(result["synthesis"], style)]
     ok = sum(a.get("status") == "ok" for a in answers)
-    lines += ["", f"totals: {len(answers)} answers, {ok} ok · {_totals(result)}"]
+    lines += ["", f"totals: {plural(len(answers), 'answer')}, {ok} ok · {_totals(result)}"]
     lines += _tail_notes(result, style)
     return "\n".join(lines)
 
@@ -133,8 +157,12 @@ def _verdict(result: Mapping[str, Any], style: Style) -> list[str]:
     reasons = result.get("degraded_reasons") or []
     if not result.get("degraded"):
         return [style.good("complete: every answer arrived")]
-    head = style.bad(f"DEGRADED: {len(reasons)} missing - this result is partial")
-    return [head, *(style.bad(f"  ✗ {_reason(r)}") for r in reasons)]
+    if nobody_answered(result):
+        head = style.bad(f"FAILED: no model answered ({len(reasons)} missing)")
+    else:
+        head = style.bad(f"DEGRADED: {len(reasons)} missing - this result is partial")
+    lines = [head, *(style.bad(f"  ✗ {_reason(r)}") for r in reasons)]
+    return lines + [style.warn(line) for line in _missing_keys_hint(result)]
 
 
 def _answer_block(answer: Mapping[str, Any], style: Style) -> list[str]:
@@ -186,8 +214,8 @@ def _totals(result: Mapping[str, Any]) -> str:
 def _tail_notes(result: Mapping[str, Any], style: Style) -> list[str]:
     """Warnings, the worker_tools block, and the verdict again (long answers push the top away)."""
     lines: list[str] = []
-    if result.get("warnings"):
-        lines.append(style.warn(f"warnings: {', '.join(result['warnings'])}"))
+    for code in unique(result.get("warnings") or ()):
+        lines.append(style.warn(f"warning: {warning_label(code)} ({code})"))
     lines += _worker_tools(result.get("worker_tools"), style)
     if result.get("degraded"):
         missing = "; ".join(_reason(r) for r in result.get("degraded_reasons") or [])

@@ -100,8 +100,14 @@ def first_error(relative: str, instance: Any) -> jsonschema.ValidationError | No
     from jsonschema.exceptions import best_match
 
     best: jsonschema.ValidationError = best_match(errors)
+    if best.validator == "pattern":
+        best.message = _PATTERN_MEANINGS.get(str(best.validator_value), best.message)
     best.message = clip_message(best.message)
     return best
+
+
+# What a pattern means, where quoting the regex would tell a person nothing.
+_PATTERN_MEANINGS = {r"\S": "is blank: it must contain at least one character other than whitespace"}
 
 
 def clip_message(message: str) -> str:

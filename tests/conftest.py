@@ -94,7 +94,9 @@ def make_config(write_config: Callable[[dict[str, Any]], Path], events_path: Pat
         **sections: Any,
     ) -> Config:
         data: dict[str, Any] = {
-            "providers": providers,
+            # An entry named like a preset (`openai`) would take the preset's key variable over:
+            # here an entry without one needs none, as the test wrote it.
+            "providers": {name: {"api_key_env": None, **entry} for name, entry in providers.items()},
             "panel": list(providers),
             "limits": {
                 "retry": {

@@ -170,3 +170,50 @@ def test_fetch_refusal_prints_the_reason_and_exits_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "metadata_address" in result.stderr
     assert result.stdout == ""
+
+
+def test_fetch_of_something_that_is_not_a_url_is_a_bad_argument(tmp_path: Path) -> None:
+    result = conclave("fetch", "notaurl", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        result.stderr == "conclave fetch: 'notaurl' is not a URL; write it whole, e.g. https://example.org/\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["confer", "q", "--set", "panel=[]"], {}),
+        (["coordinate", "t"], {"CONCLAVE_PANEL": " , "}),
+        (["doctor", "--set", "panel=[]"], {}),
+    ],
+    ids=["set-empty-panel", "blank-CONCLAVE_PANEL", "doctor"],
+)
+def test_a_config_with_nobody_to_ask_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], env: dict[str, str]
+) -> None:
+    result = conclave(*args, cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("conclave: config:")
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_users_file_with_only_a_panel_uses_the_presets_and_derived_roles(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("panel: [openai, mistral]\n", encoding="utf-8")
+    result = conclave("providers", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "panel (confer): openai, mistral" in result.stdout
+    assert "roles (coordinate): proposer openai · critics mistral · synthesizer mistral" in result.stdout
+    assert "note:" not in result.stdout
+
+
+def test_providers_says_when_the_proposer_would_judge_its_own_proposal(tmp_path: Path) -> None:
+    result = conclave("providers", "--set", "panel=[xai]", cwd=tmp_path)
+    assert "synthesizer xai" in result.stdout
+    assert "note: the proposer also synthesizes" in result.stdout
+
+
+def test_doctor_without_any_key_points_to_what_runs_without_one(tmp_path: Path) -> None:
+    result = conclave("doctor", "--set", "panel=[openai, anthropic]", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "`conclave doctor --simulated`, `conclave demo`" in result.stdout

@@ -305,12 +305,102 @@ def test_coordinate_names_the_synthesizer_that_stood_in(workdir: Path, panel: Pa
     assert "stood in for gamma (synthesizer): invalid_envelope" in result.stdout, result.stdout
 
 
-def test_coordinate_that_loses_its_proposer_exits_1(workdir: Path, panel: Panel) -> None:
+def test_coordinate_that_loses_its_proposer_exits_3_as_nobody_answered(workdir: Path, panel: Panel) -> None:
     script_debate(panel)
     panel.script("m-alpha", {"replies": [{"status": 500}]})
     result = conclave("coordinate", "t", cwd=workdir)
-    assert result.returncode == 1
-    assert "DEGRADED" in result.stdout and "alpha (proposer): error, server_error" in result.stdout
+    assert result.returncode == 3
+    assert "FAILED: no model answered" in result.stdout
+    assert "alpha (proposer): error, server_error" in result.stdout
+
+
+def test_coordinate_that_loses_one_critic_is_degraded_not_failed(workdir: Path, panel: Panel) -> None:
+    script_debate(panel)
+    panel.script("m-gamma", {"replies": [{"status": 500}]})
+    result = conclave("coordinate", "t", cwd=workdir)
+    assert result.returncode == 1, result.stdout
+    assert "DEGRADED" in result.stdout and "FAILED" not in result.stdout
+
+
+def test_a_confer_nobody_answers_exits_3_and_says_so(workdir: Path, panel: Panel) -> None:
+    for model in ("m-alpha", "m-beta", "m-gamma"):
+        panel.script(model, {"replies": [{"status": 500}]})
+    result = conclave("confer", "q", cwd=workdir)
+    assert result.returncode == 3, result.stdout
+    assert result.stdout.splitlines()[1].startswith("FAILED: no model answered (3 missing)")
+
+
+def test_the_question_and_the_context_can_come_from_stdin_and_files(workdir: Path, panel: Panel) -> None:
+    question = "Which queue? " + "x" * 300_000  # longer than a shell allows one argument (128 KiB)
+    (workdir / "context.txt").write_text("The team has three people.", encoding="utf-8")
+    result = conclave_with_stdin(
+        ["confer", "-", "--context-file", "context.txt", "--providers", "alpha", "--json"],
+        question[:199_000],
+        cwd=workdir,
+    )
+    assert result.returncode == 0, result.stderr
+    sent = json.dumps(httpx.get(f"{panel.root}/_sim/requests").json()[-1]["body"])
+    assert "Which queue? xxx" in sent and "The team has three people." in sent
+    both = conclave_with_stdin(["coordinate", "-", "--context-file", "-"], "t", cwd=workdir)
+    assert both.returncode == 2 and "cannot both read standard input" in both.stderr
+    missing = conclave("confer", "q", "--context-file", "nope.txt", cwd=workdir)
+    assert missing.returncode == 2 and "cannot read the context from 'nope.txt'" in missing.stderr
+
+
+def conclave_with_stdin(args: list[str], text: str, *, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "conclave", *args],
+        cwd=cwd,
+        env=env,
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("blank", ["   ", "\n\t "])
+def test_a_blank_question_is_refused_before_any_call(workdir: Path, panel: Panel, blank: str) -> None:
+    result = conclave("confer", blank, cwd=workdir)
+    assert result.returncode == 2
+    assert "invalid arguments at $.question: is blank" in result.stderr
+    task = conclave("coordinate", blank, cwd=workdir)
+    assert task.returncode == 2 and "$.task: is blank" in task.stderr
+    assert panel.calls() == {}, "nothing was sent"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["confer", "q", "--providers", "alpha,ghost"], ["coordinate", "t", "--critics", "beta,ghost"]],
+    ids=["confer", "coordinate"],
+)
+def test_an_unknown_provider_name_is_a_bad_argument(workdir: Path, panel: Panel, args: list[str]) -> None:
+    result = conclave(*args, cwd=workdir)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "unknown provider 'ghost'" in result.stderr and "alpha, beta, gamma" in result.stderr
+    assert panel.calls() == {}
+
+
+def test_output_cut_short_by_the_reader_is_no_error(workdir: Path, panel: Panel) -> None:
+    """`conclave confer ... | head -c 10`: the reader leaves early; no 'Broken pipe' message."""
+    panel.script("m-alpha", {"replies": [{"text": "long " * 100_000}]})  # more than a pipe holds
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
+    command = f"{sys.executable} -m conclave confer 'Which queue?' --providers alpha | head -c 6"
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.stdout == "confer"
+    assert "Broken pipe" not in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 141
 
 
 def test_coordinate_with_invalid_rounds_exits_2_naming_the_path(workdir: Path) -> None:

@@ -166,12 +166,107 @@ def test_the_config_object_is_frozen_and_never_shows_keys(write_config: Write) -
         config.panel = ()  # type: ignore[misc]
 
 
-def test_roles_default_from_the_panel(write_config: Write) -> None:
+def test_roles_default_from_the_panel_and_the_proposer_never_synthesizes(write_config: Write) -> None:
     providers = dict.fromkeys(("x", "y", "z"), MINIMAL["providers"]["a"])
     config = load_config(
         str(write_config({"providers": providers, "panel": ["x", "y", "z"]})), env={}, dotenv=None
     )
     assert config.roles.proposer == "x"
     assert config.roles.critics == ("y", "z")
-    assert config.roles.synthesizer == "x"
-    assert config.roles.synthesizer_fallbacks == ("y", "z")
+    assert config.roles.synthesizer == "y"
+    assert config.roles.synthesizer_fallbacks == ("x", "z")
+
+
+def test_roles_left_out_are_derived_around_the_ones_given(write_config: Write) -> None:
+    providers = dict.fromkeys(("x", "y", "z"), MINIMAL["providers"]["a"])
+    data = {"providers": providers, "panel": ["x", "y", "z"], "roles": {"proposer": "z"}}
+    roles = load_config(str(write_config(data)), env={}, dotenv=None).roles
+    assert (roles.proposer, roles.critics, roles.synthesizer) == ("z", ("x", "y"), "x")
+
+
+def test_the_packaged_roles_are_the_ones_derived_from_its_panel() -> None:
+    roles = load_config(str(data_path("config.yaml")), env={}, dotenv=None).roles
+    assert roles.proposer == "openai"
+    assert roles.critics == ("anthropic", "gemini")
+    assert roles.synthesizer == "anthropic"
+    assert roles.synthesizer_fallbacks == ("openai", "gemini")
+
+
+# ---------------------------------------------------------------- a user's file over the defaults
+
+
+def test_a_file_that_sets_only_the_panel_keeps_every_preset(write_config: Write) -> None:
+    config = load_config(str(write_config({"panel": ["openai", "mistral"]})), env={}, dotenv=None)
+    assert config.panel == ("openai", "mistral")
+    assert "ollama" in config.providers and config.providers["mistral"].kind == "openai"
+    assert (config.roles.proposer, config.roles.critics, config.roles.synthesizer) == (
+        "openai",
+        ("mistral",),
+        "mistral",
+    )
+    assert config.limits.timeout_seconds == 50
+
+
+def test_one_field_of_a_preset_overrides_only_that_field(write_config: Write) -> None:
+    data = {"providers": {"openai": {"model": "gpt-4.1"}}, "limits": {"retry": {"max_attempts": 5}}}
+    config = load_config(str(write_config(data)), env={}, dotenv=None)
+    openai = config.providers["openai"]
+    assert openai.model == "gpt-4.1"
+    assert openai.base_url == "https://api.openai.com/v1" and openai.api_key_env == "OPENAI_API_KEY"
+    assert config.limits.retry.max_attempts == 5
+    assert config.limits.retry.max_delay_seconds == 8.0 and config.limits.max_tokens == 1024
+
+
+def test_a_users_price_replaces_the_presets_whole(write_config: Write) -> None:
+    data = {"providers": {"openai": {"price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}}
+    price = load_config(str(write_config(data)), env={}, dotenv=None).providers["openai"].price
+    assert price is not None
+    assert (price.input_per_mtok, price.cached_input_per_mtok) == (1.0, None)
+
+
+def test_a_new_provider_still_needs_its_required_fields(write_config: Write) -> None:
+    message = error_of(str(write_config({"providers": {"mine": {"kind": "openai", "model": "m"}}})))
+    assert message.startswith("config: providers.mine:") and "base_url" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "env"),
+    [({"panel": []}, {}), ({}, {"CONCLAVE_PANEL": " , "})],
+    ids=["empty-panel", "blank-CONCLAVE_PANEL"],
+)
+def test_a_config_with_nobody_to_ask_is_refused_with_the_fix(
+    write_config: Write, data: dict[str, Any], env: dict[str, str]
+) -> None:
+    message = error_of(str(write_config(data or {"limits": {"max_tokens": 9}})), env=env)
+    assert "panel" in message.lower()
+    assert "openai" in message  # the fix names a provider to write
+
+
+# ---------------------------------------------------------------- errors name their origin
+
+
+def test_an_error_from_set_is_blamed_on_the_set_not_the_file(write_config: Write) -> None:
+    path = str(write_config(MINIMAL))
+    message = error_of(path, overrides=["limts.timeout_seconds=5"])
+    assert "from --set limts.timeout_seconds=5" in message
+    assert path not in message
+    message = error_of(path, overrides=["limits.timeout_seconds=soon"])
+    assert message.startswith("config: limits.timeout_seconds:")
+    assert "from --set limits.timeout_seconds=soon" in message
+
+
+def test_a_list_written_without_brackets_in_set_says_values_are_yaml(write_config: Write) -> None:
+    message = error_of(str(write_config(MINIMAL)), overrides=["panel=openai,xai"])
+    assert "read as YAML" in message and "[openai,xai]" in message
+    assert "from --set panel=openai,xai" in message
+
+
+def test_an_error_in_the_file_still_names_the_file(write_config: Write) -> None:
+    path = str(write_config({**MINIMAL, "limits": {"timeout": 5}}))
+    assert error_of(path, overrides=["limits.max_tokens=9"]).endswith(f"(in {path})")
+
+
+def test_a_users_own_providers_come_before_the_presets(write_config: Write) -> None:
+    config = load_config(str(write_config(MINIMAL)), env={}, dotenv=None)
+    assert list(config.providers)[:2] == ["a", "openai"]
+    assert config.providers["a"].api_key_env == "A_KEY" and len(config.providers) == 10

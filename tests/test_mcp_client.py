@@ -105,7 +105,9 @@ async def test_the_sdk_calls_coordinate_fetch_verify_and_list_providers(
     assert refused.isError is True
     providers = await session.call_tool("list_providers", {})
     assert providers.structuredContent is not None
-    assert [p["name"] for p in providers.structuredContent["providers"]] == ["alpha", "beta", "gamma"]
+    listed = {p["name"]: p for p in providers.structuredContent["providers"]}
+    assert [name for name, p in listed.items() if p["in_panel"]] == ["alpha", "beta", "gamma"]
+    assert "openai" in listed, "the presets stay defined under a config of one's own"
 
 
 async def test_bad_arguments_are_is_error_and_an_unknown_tool_is_an_error(session: ClientSession) -> None:

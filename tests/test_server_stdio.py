@@ -340,7 +340,7 @@ async def test_plain_methods_return_the_structured_result_or_a_typed_error(serve
     checks = {"checks": [{"type": "math", "expression": "2+2", "expected": 4}]}
     assert (await server.request("verify", checks))["result"]["passed"] is True
     providers = (await server.request("list_providers"))["result"]["providers"]
-    assert [p["name"] for p in providers] == ["alpha", "beta", "gamma"]
+    assert [p["name"] for p in providers if p["in_panel"]] == ["alpha", "beta", "gamma"]
     assert all(p["breaker"] == "closed" for p in providers)
     invalid = await server.request("confer", {"question": 7})
     assert invalid["error"]["code"] == -32602
@@ -386,3 +386,13 @@ async def test_the_server_exits_cleanly_at_stdin_eof_after_finishing_what_it_rec
 ) -> None:
     await server.send({"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert await server.close() == 0
+
+
+@pytest.mark.parametrize(("method", "argument"), [("confer", "question"), ("coordinate", "task")])
+async def test_a_blank_question_is_invalid_params_naming_it(
+    server: StdioServer, method: str, argument: str
+) -> None:
+    reply = await server.request(method, {argument: " \n\t "}, id=21)
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"]["path"] == f"$.{argument}"
+    assert "is blank" in reply["error"]["message"] + str(reply["error"]["data"])

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from conclave.deliberation.plan import summarize
+from conclave.deliberation.plan import summarize, what_drives_the_bound
 from conclave.deliberation.results import (
     CoordinateResult,
     RoleAnswer,
@@ -196,7 +196,9 @@ class _Debate:
     # -- dry run, transcript, tally --------------------------------------------------------------------
 
     def plan(self) -> CoordinateResult:
-        note = "synthesizer fallbacks are counted as if every one were tried"
+        tools_on = bool(self.session.tools.accepted)
+        drives = what_drives_the_bound(self.session.turn_shape(0, tools_on=tools_on))
+        note = f"{drives}; synthesizer fallbacks are counted as if every one were tried"
         return CoordinateResult(
             session_id=self.session.id,
             degraded=False,

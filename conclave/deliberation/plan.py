@@ -45,6 +45,21 @@ class TurnShape:
         return self.max_calls * self.max_tokens
 
 
+def what_drives_the_bound(shape: TurnShape) -> str:
+    """The assumptions the bound rests on, and the settings that tighten it: a bound 400 times
+    what a call really costs says nothing unless it says why."""
+    spend = f"spends its whole max_tokens ({shape.max_tokens})"
+    if not shape.tools_on:
+        return f"the bound assumes every call {spend}; a lower max_tokens tightens it"
+    return (
+        f"the bound assumes every worker turn makes {shape.max_calls} model calls "
+        f"(worker_tools.hop_budget {shape.hop_budget}, a refused call and a final round), each "
+        f"carrying every earlier tool result at its full worker_tools.result_max_bytes "
+        f"({shape.result_max_bytes}) and each {spend}, so it is far above what a call usually "
+        "costs; a lower result_max_bytes, hop_budget or max_tokens tightens it"
+    )
+
+
 def price_bound(entry: ProviderConfig, input_tokens: int, output_tokens: int) -> float | None:
     if entry.price is None:
         return None
