@@ -566,6 +566,22 @@ def _inputs(args: argparse.Namespace, first: str) -> dict[str, Any]:
 
 
 def cmd_confer(args: argparse.Namespace) -> int:
+    return _deliberation(args, "confer")
+
+
+def cmd_coordinate(args: argparse.Namespace) -> int:
+    return _deliberation(args, "coordinate")
+
+
+def deliberation_arguments(tool: Deliberation, args: argparse.Namespace) -> dict[str, Any]:
+    """The tool arguments a `confer` or `coordinate` command line gives: only what the user
+    gave, so absent options fall back to the config inside the tool. Reads standard input for
+    `-`; raises _InputError when a question or context cannot be read."""
+    own = _confer_args(args) if tool == "confer" else _coordinate_args(args)
+    return {**_inputs(args, "question" if tool == "confer" else "task"), **own, **_call_args(args)}
+
+
+def _confer_args(args: argparse.Namespace) -> dict[str, Any]:
     tool_args: dict[str, Any] = {}
     if args.providers is not None:
         tool_args["providers"] = _names(args.providers)
@@ -574,10 +590,10 @@ def cmd_confer(args: argparse.Namespace) -> int:
     for stage in ("review", "synthesize"):
         if getattr(args, stage):
             tool_args[stage] = True
-    return _deliberation(args, "confer", "question", {**tool_args, **_call_args(args)})
+    return tool_args
 
 
-def cmd_coordinate(args: argparse.Namespace) -> int:
+def _coordinate_args(args: argparse.Namespace) -> dict[str, Any]:
     tool_args: dict[str, Any] = {}
     for key in ("proposer", "synthesizer", "rounds"):
         if getattr(args, key) is not None:
@@ -586,7 +602,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         tool_args["critics"] = _names(args.critics)
     if args.all_rounds:
         tool_args["stop_when_converged"] = False
-    return _deliberation(args, "coordinate", "task", {**tool_args, **_call_args(args)})
+    return tool_args
 
 
 # CLI option -> tool argument, for the options both commands share.
@@ -620,14 +636,14 @@ def _names(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _deliberation(args: argparse.Namespace, tool: Deliberation, first: str, tool_args: dict[str, Any]) -> int:
+def _deliberation(args: argparse.Namespace, tool: Deliberation) -> int:
     """Exit 0 when complete, 1 when degraded, 3 when no model answered at all, 2 on invalid
     arguments (config errors: see main)."""
     from conclave.render import nobody_answered, progress_for, render, wants_colour
 
     config = _load(args)
     try:
-        tool_args = {**_inputs(args, first), **tool_args}
+        tool_args = deliberation_arguments(tool, args)
     except _InputError as exc:
         print(f"conclave {tool}: {exc}", file=sys.stderr)
         return EXIT_USAGE

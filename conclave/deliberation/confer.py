@@ -19,6 +19,7 @@ import anyio
 from conclave.deliberation import review
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.plan import summarize, what_drives_the_bound
+from conclave.deliberation.requests import ConferRequest, request_from
 from conclave.deliberation.results import (
     Answer,
     ConferResult,
@@ -43,29 +44,29 @@ from conclave.runtime import Runtime
 
 
 async def confer(
-    runtime: Runtime, args: Mapping[str, Any], *, progress: ProgressSink | None = None
+    runtime: Runtime, args: Mapping[str, Any] | ConferRequest, *, progress: ProgressSink | None = None
 ) -> ConferResult:
-    """Ask every provider in `args["providers"]` (default: the panel); `args` are confer's
-    arguments, already valid against `schemas/confer.input.json`."""
-    if not (args.get("providers") or runtime.config.panel):
+    """Ask every provider in `providers` (default: the panel); `args` are confer's arguments,
+    already valid against `schemas/confer.input.json`, or the request built from them."""
+    request = args if isinstance(args, ConferRequest) else request_from(ConferRequest, args)
+    if not (request.providers or runtime.config.panel):
         raise InvalidArguments(
             "no providers to ask: the configured panel is empty; pass `providers` or set `panel`",
             path="$.providers",
             tool="confer",
         )
-    session = Session(runtime, "confer", args, progress)
-    return await run_session(session, _Confer(session))
+    session = Session(runtime, "confer", request, progress)
+    return await run_session(session, _Confer(session, request))
 
 
 class _Confer:
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.providers: tuple[str, ...] = tuple(session.args.get("providers") or session.runtime.config.panel)
-        self.messages = user_messages(session.args["question"], session.args.get("context"))
-        self.system: str | None = session.args.get("system")
-        self.reviewing = bool(session.args.get("review"))
-        self.synthesizing = bool(session.args.get("synthesize"))
-        shared = shared_system(session.args["question"], session.args.get("context"))
+    def __init__(self, session: Session, request: ConferRequest) -> None:
+        self.session, self.request = session, request
+        self.providers: tuple[str, ...] = request.providers or session.runtime.config.panel
+        self.messages = user_messages(request.question, request.context)
+        self.system = request.system
+        self.reviewing, self.synthesizing = request.review, request.synthesize
+        shared = shared_system(request.question, request.context)
         self.turns = RoleTurns(session, shared, self._planned_calls())
         self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
 
@@ -89,7 +90,7 @@ class _Confer:
         return calls
 
     def opening(self) -> dict[str, Any]:
-        return {"providers": list(self.providers), "question": self.session.args["question"]}
+        return {"providers": list(self.providers), "question": self.request.question}
 
     async def deliberate(self) -> ConferResult:
         answers = await self._answers()

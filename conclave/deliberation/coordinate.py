@@ -5,13 +5,16 @@ and re-prompted once. The synthesizer never gets tools and is never a single poi
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
+from conclave.config import RolesConfig
 from conclave.deliberation.plan import summarize, what_drives_the_bound
+from conclave.deliberation.requests import CoordinateRequest, request_from
 from conclave.deliberation.results import (
     CoordinateResult,
     RoleAnswer,
@@ -28,7 +31,7 @@ from conclave.deliberation.roles import (
     turn_system,
 )
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session
-from conclave.deliberation.stages import RoleTurns, synthesizer_chain
+from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.runtime import Runtime
 
 TOOL_ROLES = ("proposer", "critic")
@@ -36,12 +39,13 @@ ROLES: tuple[Role, ...] = ("proposer", "critic", "synthesizer")
 
 
 async def coordinate(
-    runtime: Runtime, args: Mapping[str, Any], *, progress: ProgressSink | None = None
+    runtime: Runtime, args: Mapping[str, Any] | CoordinateRequest, *, progress: ProgressSink | None = None
 ) -> CoordinateResult:
-    """Run the debate on `args["task"]`; `args` are coordinate's arguments, already valid against
-    `schemas/coordinate.input.json`."""
-    session = Session(runtime, "coordinate", args, progress)
-    return await run_session(session, _Debate(session))
+    """Run the debate on `task`; `args` are coordinate's arguments, already valid against
+    `schemas/coordinate.input.json`, or the request built from them."""
+    request = args if isinstance(args, CoordinateRequest) else request_from(CoordinateRequest, args)
+    session = Session(runtime, "coordinate", request, progress)
+    return await run_session(session, _Debate(session, request))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,24 +55,33 @@ class _Cast:
     synthesizers: tuple[str, ...]  # the chosen one first, then the fallbacks
 
     @classmethod
-    def from_args(cls, args: Mapping[str, Any], runtime: Runtime) -> _Cast:
-        roles = runtime.config.roles
+    def of(cls, request: CoordinateRequest, roles: RolesConfig) -> _Cast:
         return cls(
-            args.get("proposer") or roles.proposer,
-            tuple(args.get("critics") or roles.critics),
-            synthesizer_chain(args.get("synthesizer"), roles),
+            request.proposer or roles.proposer,
+            request.critics or roles.critics,
+            synthesizer_chain(request.synthesizer, roles),
         )
+
+    def planned_calls(self, rounds: int, tools: tuple[str, ...]) -> PlannedCalls:
+        """The calls when all goes to plan (every round run, no re-prompt, no fallback): the
+        proposer and the critics once a round, with the worker tools, and the synthesizer once,
+        without."""
+        calls: PlannedCalls = Counter()
+        for name in (self.proposer, *self.critics):
+            calls[(name, tools)] += rounds
+        calls[(self.synthesizers[0], ())] += 1
+        return calls
 
 
 class _Debate:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, request: CoordinateRequest) -> None:
         self.session = session
-        self.task: str = session.args["task"]
-        self.context: str | None = session.args.get("context")
-        self.cast = _Cast.from_args(session.args, session.runtime)
-        self.rounds = int(session.args.get("rounds") or 1)
-        self.stop_when_converged = session.args.get("stop_when_converged", True) is not False
-        self.turns = RoleTurns(session, shared_system(self.task, self.context))
+        self.task, self.context = request.task, request.context
+        self.cast = _Cast.of(request, session.runtime.config.roles)
+        self.rounds = request.rounds
+        self.stop_when_converged = request.stop_when_converged
+        planned = self.cast.planned_calls(self.rounds, session.tools.accepted)
+        self.turns = RoleTurns(session, shared_system(self.task, self.context), planned)
 
     @property
     def all_answers(self) -> list[RoleAnswer]:

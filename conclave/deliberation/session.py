@@ -25,6 +25,7 @@ from conclave.budgets import CostCap, CostCapReport, combined
 from conclave.config import ProviderConfig
 from conclave.deliberation.answers import answer_from, unknown_provider
 from conclave.deliberation.plan import TurnShape, planned_call
+from conclave.deliberation.requests import CallRequest
 from conclave.deliberation.results import (
     Answer,
     ConferResult,
@@ -58,12 +59,12 @@ class ToolPlan:
     cap: CostCap
 
     @classmethod
-    def from_args(cls, args: Mapping[str, Any], runtime: Runtime) -> ToolPlan:
-        asked = list(dict.fromkeys(args.get("worker_tools") or []))
+    def of(cls, request: CallRequest, runtime: Runtime) -> ToolPlan:
+        asked = list(dict.fromkeys(request.worker_tools))
         settings = runtime.config.worker_tools
         cap = CostCap.resolve(
-            args.get("worker_tool_cost_cap_usd"),
-            args.get("worker_tool_cost_cap_mode"),
+            request.worker_tool_cost_cap_usd,
+            request.worker_tool_cost_cap_mode,
             default_cap=settings.cost_cap_usd,
             default_mode=settings.cost_cap_mode,
         )
@@ -79,17 +80,17 @@ class Session:
     """One call's shared state and the one way its members are asked."""
 
     def __init__(
-        self, runtime: Runtime, tool: str, args: Mapping[str, Any], progress: ProgressSink | None
+        self, runtime: Runtime, tool: str, request: CallRequest, progress: ProgressSink | None
     ) -> None:
         limits = runtime.config.limits
-        self.runtime, self.tool, self.args, self.progress = runtime, tool, args, progress
-        self.id: str = args.get("session_id") or f"s-{uuid.uuid4().hex[:20]}"
+        self.runtime, self.tool, self.request, self.progress = runtime, tool, request, progress
+        self.id: str = request.session_id or f"s-{uuid.uuid4().hex[:20]}"
         self.canary = new_canary()
-        self.tools = ToolPlan.from_args(args, runtime)
-        self.timeout = float(args.get("timeout_seconds") or limits.timeout_seconds)
-        self.max_tokens = int(args.get("max_tokens") or limits.max_tokens)
-        self.temperature: float | None = args.get("temperature", limits.temperature)
-        self.dry_run = bool(args.get("dry_run"))
+        self.tools = ToolPlan.of(request, runtime)
+        self.timeout = float(request.timeout_seconds or limits.timeout_seconds)
+        self.max_tokens = int(request.max_tokens or limits.max_tokens)
+        self.temperature = limits.temperature if request.temperature is None else request.temperature
+        self.dry_run = request.dry_run
         self.started = time.perf_counter()
         self.deadline = anyio.current_time() + self.timeout
         self.awaiting: dict[int, str] = {}  # the turns in flight, by ticket: "critic beta", "alpha"
@@ -153,7 +154,7 @@ class Session:
 
     def _tool_mode(self, name: str) -> ToolMode:
         config = self.runtime.config
-        return tool_mode(self.args.get("worker_tool_mode"), config.providers[name], config.worker_tools.mode)
+        return tool_mode(self.request.worker_tool_mode, config.providers[name], config.worker_tools.mode)
 
     def hinted(self, system: str | None, tools: Sequence[str]) -> str | None:
         """The system prompt a turn with `tools` is sent in tags mode, for a dry run's bounds: the
@@ -255,7 +256,7 @@ async def _claimed(session: Session) -> AsyncIterator[None]:
     """A session id the caller chose is this call's alone while it runs, on every replica
     sharing state: two calls under one id would share an egress budget and a transcript.
     Generated ids are unique already."""
-    if "session_id" not in session.args:
+    if session.request.session_id is None:
         yield
         return
     sessions = session.runtime.state.sessions
@@ -287,7 +288,7 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
         payload = {
             "tool": session.tool,
             "session_id": session.id,
-            "arguments": dict(session.args),
+            "arguments": dict(session.request.arguments),
             "result": result.to_dict(),
             **deliberation.transcript(result),
         }

@@ -41,31 +41,19 @@ def synthesizer_chain(chosen: str | None, roles: RolesConfig) -> tuple[str, ...]
     return (first, *dict.fromkeys(n for n in roles.synthesizer_fallbacks if n != first))
 
 
-def debate_calls(session: Session) -> PlannedCalls:
-    """A `coordinate`'s calls when all goes to plan (every round run, no re-prompt, no fallback):
-    the proposer and the critics once a round, with the worker tools, and the synthesizer once,
-    without. The cast is read from the arguments as `coordinate` reads it."""
-    args, roles = session.args, session.runtime.config.roles
-    rounds, tools = int(args.get("rounds") or 1), session.tools.accepted
-    calls: PlannedCalls = Counter()
-    for name in (args.get("proposer") or roles.proposer, *(args.get("critics") or roles.critics)):
-        calls[(name, tools)] += rounds
-    calls[(synthesizer_chain(args.get("synthesizer"), roles)[0], ())] += 1
-    return calls
-
-
 class RoleTurns:
     """The role turns of one session, in the order they ended (`answers`).
 
     Every turn's system prompt starts with `shared`. A turn marks it for the provider's cache
-    only when `planned` (default: `debate_calls`) has the provider called again with the same
-    prefix: a cache write is billed above the input price, and one nobody reads is only dearer.
+    only when `planned` (the calls the deliberation will make when all goes to plan, by provider
+    and tools) has the provider called again with the same prefix: a cache write is billed
+    above the input price, and one nobody reads is only dearer.
     """
 
-    def __init__(self, session: Session, shared: str, planned: PlannedCalls | None = None) -> None:
+    def __init__(self, session: Session, shared: str, planned: PlannedCalls) -> None:
         self.session = session
         self.shared = shared  # the start of every role turn's system prompt (`shared_system`)
-        self.planned = debate_calls(session) if planned is None else planned
+        self.planned = planned
         self.answers: list[RoleAnswer] = []
 
     async def ask(
