@@ -1,8 +1,8 @@
 """`confer`: every provider asked the same question at once, in one task group bounded by
 the call's deadline. One failure never fails the call; a partial result says so.
 
-Two optional stages follow (SPEC §9): with `review`, every member that answered ranks the
-others' answers blind; with `synthesize`, a chair writes the final answer from them. Both are
+Two optional stages follow (docs/tools.md#confer): with `review`, every member that answered
+ranks the others' answers blind; with `synthesize`, a chair writes the final answer from them. Both are
 role turns (`stages`), so envelopes, re-prompts and fallbacks work as in `coordinate`. With either
 stage, the answers are laid out like those turns (the question and context first in the system
 prompt), so a member's later turns read them from the cache its answer wrote."""
@@ -16,9 +16,10 @@ from typing import Any
 
 import anyio
 
-from conclave.deliberation import review
+from conclave.deliberation import pipeline, review
 from conclave.deliberation.answers import timed_out
-from conclave.deliberation.plan import summarize, what_drives_the_bound
+from conclave.deliberation.pipeline import Stage
+from conclave.deliberation.plan import TurnShape, summarize, what_drives_the_bound
 from conclave.deliberation.requests import ConferRequest, request_from
 from conclave.deliberation.results import (
     Answer,
@@ -60,93 +61,197 @@ async def confer(
 
 
 class _Confer:
+    """The members' answers, then the stages the call asked for (`pipeline`)."""
+
     def __init__(self, session: Session, request: ConferRequest) -> None:
         self.session, self.request = session, request
         self.providers: tuple[str, ...] = request.providers or session.runtime.config.panel
-        self.messages = user_messages(request.question, request.context)
-        self.system = request.system
-        self.reviewing, self.synthesizing = request.review, request.synthesize
-        shared = shared_system(request.question, request.context)
-        self.turns = RoleTurns(session, shared, self._planned_calls())
-        self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
-
-    @property
-    def staged(self) -> bool:
-        """A review or a synthesis follows the answers: they are laid out like its turns."""
-        return self.reviewing or self.synthesizing
-
-    def _planned_calls(self) -> PlannedCalls:
-        """The calls that start with the shared part when all goes to plan: every member's answer
-        and, with two members or more, its review, with the worker tools; the chair's, without.
-        A plain confer has none: each member is asked once, as the caller asked."""
-        calls: PlannedCalls = Counter()
-        if not self.staged:
-            return calls
-        reviews = 1 if self.reviewing and len(self.providers) >= 2 else 0
-        for name in self.providers:
-            calls[(name, self.session.tools.accepted)] += 1 + reviews
-        if self.synthesizing:
-            calls[(synthesizer_chain(None, self.session.runtime.config.roles)[0], ())] += 1
-        return calls
+        self.turns = RoleTurns(session, shared_system(request.question, request.context))
+        staged = request.review or request.synthesize
+        self.members = _Answers(session, self.turns, request, self.providers, staged=staged)
+        self.stages: list[Stage] = [self.members]
+        if request.review:
+            self.stages.append(_Review(session, self.turns, self.providers, self.members))
+        if request.synthesize:
+            self.stages.append(_Chair(session, self.turns, self.providers, self.members))
+        self.turns.planned = pipeline.planned_calls(self.stages)
 
     def opening(self) -> dict[str, Any]:
         return {"providers": list(self.providers), "question": self.request.question}
 
     async def deliberate(self) -> ConferResult:
-        answers = await self._answers()
-        peer_review, synthesis = await self._stages(answers)
-        return self._result(answers, peer_review, synthesis)
+        board = await pipeline.run_stages(self.stages, pipeline.Board())
+        return self._result(board)
 
-    async def _answers(self) -> list[Answer]:
+    def _result(self, board: pipeline.Board, plan: Mapping[str, Any] | None = None) -> ConferResult:
+        answers, synthesis, stages = board.answers, board.synthesis, self.turns.answers
+        totals = Totals.of([*answers, *stages])
+        reasons = [DegradedReason.of(a) for a in answers if not a.ok]
+        reasons += [a.reason for a in stages if a.role == "reviewer" and a.envelope is None]
+        if synthesis is not None and synthesis.envelope is None:
+            tried = [a for a in stages if a.role == "synthesizer"] or [synthesis]
+            reasons += [a.reason for a in tried]
+        reports = {a.provider: [a.cost_cap] if a.cost_cap else [] for a in answers}
+        for turn in stages:
+            if turn.cost_cap is not None:
+                reports.setdefault(turn.provider, []).append(turn.cost_cap)
+        warnings = merged_warnings([*answers, *stages], price_unknown=totals.usage.cost_usd is None)
+        if synthesis is not None and synthesis.fallback_from is not None and synthesis.ok:
+            warnings += ("synthesizer_fallback",)
+        return ConferResult(
+            session_id=self.session.id,
+            degraded=bool(reasons),
+            degraded_reasons=tuple(reasons),
+            answers=tuple(answers),
+            review=board.review,
+            synthesis=synthesis,
+            reviewers=tuple(a for a in stages if a.role == "reviewer"),
+            usage=totals.usage,
+            latency_ms=self.session.elapsed_ms(),
+            warnings=warnings,
+            worker_tools=self.session.tool_use(reports, breakdown="per_provider"),
+            plan=plan,
+        )
+
+    def plan(self) -> ConferResult:
+        plan = summarize(pipeline.bounds(self.stages), note=what_drives_the_bound(self.members.shape()))
+        return self._result(pipeline.Board(), plan=plan)
+
+    def transcript(self, result: ConferResult) -> dict[str, Any]:
+        stages = [
+            {"role": a.role, "provider": a.provider, "exchanges": list(a.exchanges)}
+            for a in self.turns.answers
+        ]
+        return {"hops": {a.provider: list(a.exchanges) for a in result.answers}, "stages": stages}
+
+    def tally(self, result: ConferResult) -> tuple[int, int]:
+        stages = self.turns.answers
+        answered = sum(a.ok for a in result.answers) + sum(a.envelope is not None for a in stages)
+        return len(result.answers) + len(stages), answered
+
+
+# ---------------------------------------------------------------- the stages
+
+
+class _Answers:
+    """Every member answers at once, in one task group bounded by the call's deadline; a member
+    still out then is timed out. With a stage after it, each answer is laid out like that
+    stage's turns (the question and context first in the system prompt), so the member's next
+    turn reads them from the cache this one wrote."""
+
+    def __init__(
+        self,
+        session: Session,
+        turns: RoleTurns,
+        request: ConferRequest,
+        providers: tuple[str, ...],
+        *,
+        staged: bool,
+    ) -> None:
+        self.session, self.turns, self.providers, self.staged = session, turns, providers, staged
+        self.system = request.system
+        self.messages = user_messages(request.question, request.context)
+
+    def planned_calls(self) -> PlannedCalls:
+        """A plain confer sends each member the caller's question as it is: nothing shared."""
+        tools = self.session.tools.accepted
+        return Counter({(name, tools): 1 for name in self.providers} if self.staged else {})
+
+    def bounds(self) -> list[dict[str, Any]]:
+        shared = len(self.turns.shared.encode("utf-8")) if self.staged else 0
+        shape = self.shape()
+        return [self.session.planned_call(name, shape, shared_bytes=shared) for name in self.providers]
+
+    def shape(self) -> TurnShape:
+        return self.session.turn_shape(self.asked_bytes(self.staged), tools_on=self.session.tools_on)
+
+    def asked_bytes(self, staged: bool) -> int:
+        """An answer turn's prompt, laid out as `_ask` lays it out with or without stages."""
+        session, tools = self.session, self.session.tools.accepted
+        if staged:
+            system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
+            return len((member_prompt() + system).encode("utf-8"))
+        system = session.hinted(self.system, tools) or ""
+        return len(("".join(m.content for m in self.messages) + system).encode("utf-8"))
+
+    def quoted_bytes(self) -> int:
+        """A later stage's prompt at its largest: the question as a plain confer asks it (the
+        stage's own system prompt counts the shared part), and every answer quoted in full,
+        escaped, re-prompted once."""
+        return self.asked_bytes(False) + 2 * len(self.providers) * self.session.max_tokens * 4
+
+    async def run(self, board: pipeline.Board) -> None:
         done: dict[str, Answer] = {}
         async with anyio.create_task_group() as group:
             group.cancel_scope.deadline = self.session.deadline  # members still out then are timed out
             for name in self.providers:
                 group.start_soon(self._ask, name, done)
         config, elapsed = self.session.runtime.config, self.session.elapsed_ms()
-        return [
+        board.answers = [
             done.get(name) or timed_out(name, config.providers[name].model, elapsed)
             for name in self.providers
         ]
 
-    async def _stages(self, answers: list[Answer]) -> tuple[Review | None, RoleAnswer | None]:
-        """The review and the synthesis the call asked for, within its deadline: what is still
-        out then is missing, and says so."""
-        peer_review: Review | None = None
-        synthesis: RoleAnswer | None = None
+    async def _ask(self, name: str, done: dict[str, Answer]) -> None:
+        tools = self.session.tools.accepted
+        if self.staged:
+            answer = await self.turns.answer(name, self.system, tools)
+        else:
+            answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
+        done[name] = answer
+        if self.session.progress is not None:
+            step = {
+                "provider": name,
+                "status": answer.status,
+                "done": len(done),
+                "total": len(self.providers),
+            }
+            await self.session.progress(step)
+
+
+class _Review:
+    """Every member that answered ranks the others' answers, blind (shuffled labels), within
+    the call's deadline; a reviewer still out then is missing, and the result says so."""
+
+    def __init__(
+        self, session: Session, turns: RoleTurns, providers: tuple[str, ...], members: _Answers
+    ) -> None:
+        self.session, self.turns, self.providers, self.members = session, turns, providers, members
+        self.rankings: dict[str, Ranking] = {}  # reviewer -> its valid ranking, as they end
+
+    def planned_calls(self) -> PlannedCalls:
+        if len(self.providers) < 2:  # one answer has nobody to be compared with
+            return Counter()
+        tools = self.session.tools.accepted
+        return Counter({(name, tools): 1 for name in self.providers})
+
+    def bounds(self) -> list[dict[str, Any]]:
+        session, shared = self.session, len(self.turns.shared.encode("utf-8"))
+        system = session.hinted(turn_system(self.turns.shared, "reviewer"), session.tools.accepted) or ""
+        shape = session.turn_shape(
+            self.members.quoted_bytes() + len(system.encode("utf-8")), tools_on=session.tools_on
+        )
+        return [
+            session.planned_call(n, shape, repeats=2, role="reviewer", shared_bytes=shared)
+            for n in self.providers
+        ]
+
+    async def run(self, board: pipeline.Board) -> None:
+        ok = [a for a in board.answers if a.ok]
         with anyio.CancelScope(deadline=self.session.deadline):
-            if self.reviewing:
-                await self._review(answers)
-                peer_review = self._review_block(answers)
-            synthesis = await self._synthesize(answers, peer_review) if self.synthesizing else None
-        if self.reviewing:
-            peer_review = self._review_block(answers)  # the rankings that ended in time
-            self._time_out_missing_reviewers(answers)
-        if self.synthesizing and synthesis is None:
-            chair = synthesizer_chain(None, self.session.runtime.config.roles)[0]
-            synthesis = self.turns.timed_out("synthesizer", chair)
-        return peer_review, synthesis
-
-    # -- the review: every member that answered ranks the others, blind ---------------------------------
-
-    def _time_out_missing_reviewers(self, answers: list[Answer]) -> None:
-        """A reviewer still out at the deadline is missing, and the result says so."""
-        ok = [a.provider for a in answers if a.ok]
+            if len(ok) >= 2:
+                async with anyio.create_task_group() as group:
+                    for reviewer in ok:
+                        group.start_soon(self._review_by, reviewer.provider, ok)
+        found = tuple(self.rankings[a.provider] for a in ok if a.provider in self.rankings)
+        board.review = Review(
+            found, review.aggregate(found, [a.provider for a in ok]), review.agreement(found)
+        )
         done = {a.provider for a in self.turns.answers if a.role == "reviewer"}
         if len(ok) >= 2:
-            self.turns.answers += [self.turns.timed_out("reviewer", p) for p in ok if p not in done]
-
-    async def _review(self, answers: list[Answer]) -> None:
-        ok = [a for a in answers if a.ok]
-        if len(ok) >= 2:  # one answer has nobody to be compared with
-            async with anyio.create_task_group() as group:
-                for reviewer in ok:
-                    group.start_soon(self._review_by, reviewer.provider, ok)
-
-    def _review_block(self, answers: list[Answer]) -> Review:
-        ok = [a.provider for a in answers if a.ok]
-        found = tuple(self.rankings[p] for p in ok if p in self.rankings)
-        return Review(found, review.aggregate(found, ok), review.agreement(found))
+            self.turns.answers += [
+                self.turns.timed_out("reviewer", a.provider) for a in ok if a.provider not in done
+            ]
 
     async def _review_by(self, reviewer: str, ok: list[Answer]) -> None:
         others = [a for a in ok if a.provider != reviewer]
@@ -175,15 +280,40 @@ class _Confer:
             attempts=turn.attempts,
         )
 
-    # -- the chair: the final answer from the anonymized answers (and the aggregate) --------------------
+
+class _Chair:
+    """A chair writes the final answer from the anonymized answers (and the review's aggregate,
+    when there was one), falling back along the synthesizer chain; never with tools."""
+
+    def __init__(
+        self, session: Session, turns: RoleTurns, providers: tuple[str, ...], members: _Answers
+    ) -> None:
+        self.session, self.turns, self.providers, self.members = session, turns, providers, members
+        self.chain = synthesizer_chain(None, session.runtime.config.roles)
+
+    def planned_calls(self) -> PlannedCalls:
+        return Counter({(self.chain[0], ()): 1})
+
+    def bounds(self) -> list[dict[str, Any]]:
+        session, shared = self.session, len(self.turns.shared.encode("utf-8"))
+        system = turn_system(self.turns.shared, "synthesizer")
+        shape = session.turn_shape(self.members.quoted_bytes() + len(system.encode("utf-8")), tools_on=False)
+        return [
+            session.planned_call(n, shape, repeats=2, role="synthesizer", shared_bytes=shared)
+            for n in self.chain
+        ]
+
+    async def run(self, board: pipeline.Board) -> None:
+        with anyio.CancelScope(deadline=self.session.deadline):
+            board.synthesis = await self._synthesize(board.answers, board.review)
+        if board.synthesis is None:  # out of time before the chair could start
+            board.synthesis = self.turns.timed_out("synthesizer", self.chain[0])
 
     async def _synthesize(self, answers: list[Answer], peer_review: Review | None) -> RoleAnswer:
-        config = self.session.runtime.config
-        chain = synthesizer_chain(None, config.roles)
         ok = [a for a in answers if a.ok]
         if not ok:  # nothing to synthesize from
             error = {"code": "no_answers", "message": "no member answered: nothing to synthesize"}
-            return replace(self.turns.timed_out("synthesizer", chain[0]), status="skipped", error=error)
+            return replace(self.turns.timed_out("synthesizer", self.chain[0]), status="skipped", error=error)
         seating = review.shuffled(self.session.id, "chair", [a.provider for a in ok])
         label_of = {provider: label for label, provider in seating}
         text_of = {a.provider: a.text or "" for a in ok}
@@ -193,7 +323,7 @@ class _Confer:
             for entry in ranked:
                 del entry["provider"]  # the chair sees labels only
         prompt = chair_prompt([(label, text_of[who]) for label, who in seating], ranked)
-        synthesis = await self.turns.synthesize(chain, prompt, 1)
+        synthesis = await self.turns.synthesize(self.chain, prompt, 1)
         self.session.runtime.telemetry.emit(
             "synthesis",
             provider=synthesis.provider,
@@ -203,109 +333,3 @@ class _Confer:
             reviewed=ranked is not None,
         )
         return synthesis
-
-    async def _ask(self, name: str, done: dict[str, Answer]) -> None:
-        tools = self.session.tools.accepted
-        if self.staged:
-            answer = await self.turns.answer(name, self.system, tools)
-        else:
-            answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
-        done[name] = answer
-        if self.session.progress is not None:
-            step = {
-                "provider": name,
-                "status": answer.status,
-                "done": len(done),
-                "total": len(self.providers),
-            }
-            await self.session.progress(step)
-
-    def _result(
-        self,
-        answers: list[Answer],
-        peer_review: Review | None = None,
-        synthesis: RoleAnswer | None = None,
-        plan: Mapping[str, Any] | None = None,
-    ) -> ConferResult:
-        stages = self.turns.answers
-        totals = Totals.of([*answers, *stages])
-        reasons = [DegradedReason.of(a) for a in answers if not a.ok]
-        reasons += [a.reason for a in stages if a.role == "reviewer" and a.envelope is None]
-        if synthesis is not None and synthesis.envelope is None:
-            tried = [a for a in stages if a.role == "synthesizer"] or [synthesis]
-            reasons += [a.reason for a in tried]
-        reports = {a.provider: [a.cost_cap] if a.cost_cap else [] for a in answers}
-        for turn in stages:
-            if turn.cost_cap is not None:
-                reports.setdefault(turn.provider, []).append(turn.cost_cap)
-        warnings = merged_warnings([*answers, *stages], price_unknown=totals.usage.cost_usd is None)
-        if synthesis is not None and synthesis.fallback_from is not None and synthesis.ok:
-            warnings += ("synthesizer_fallback",)
-        return ConferResult(
-            session_id=self.session.id,
-            degraded=bool(reasons),
-            degraded_reasons=tuple(reasons),
-            answers=tuple(answers),
-            review=peer_review,
-            synthesis=synthesis,
-            reviewers=tuple(a for a in stages if a.role == "reviewer"),
-            usage=totals.usage,
-            latency_ms=self.session.elapsed_ms(),
-            warnings=warnings,
-            worker_tools=self.session.tool_use(reports, breakdown="per_provider"),
-            plan=plan,
-        )
-
-    def plan(self) -> ConferResult:
-        session = self.session
-        shape = session.turn_shape(self._asked_bytes(self.staged), tools_on=session.tools_on)
-        shared = len(self.turns.shared.encode("utf-8")) if self.staged else 0
-        calls = [session.planned_call(name, shape, shared_bytes=shared) for name in self.providers]
-        # The stages' bounds start from the question as a plain confer asks it: their own system
-        # prompt already counts the shared part.
-        planned = calls + self._planned_stages(self._asked_bytes(False))
-        return self._result([], plan=summarize(planned, note=what_drives_the_bound(shape)))
-
-    def _asked_bytes(self, staged: bool) -> int:
-        """An answer turn's prompt, laid out as `_ask` lays it out with or without stages."""
-        session, tools = self.session, self.session.tools.accepted
-        if staged:
-            system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
-            return len((member_prompt() + system).encode("utf-8"))
-        system = session.hinted(self.system, tools) or ""
-        return len(("".join(m.content for m in self.messages) + system).encode("utf-8"))
-
-    def _planned_stages(self, asked_bytes: int) -> list[dict[str, Any]]:
-        """The review and the synthesis at their largest: every answer quoted in full (escaped),
-        every turn re-prompted once; every synthesizer of the chain tried."""
-        session, calls = self.session, []
-        shared = len(self.turns.shared.encode("utf-8"))
-        quoted = asked_bytes + 2 * len(self.providers) * session.max_tokens * 4
-        if self.reviewing:
-            system = session.hinted(turn_system(self.turns.shared, "reviewer"), session.tools.accepted) or ""
-            shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=session.tools_on)
-            calls += [
-                session.planned_call(n, shape, repeats=2, role="reviewer", shared_bytes=shared)
-                for n in self.providers
-            ]
-        if self.synthesizing:
-            system = turn_system(self.turns.shared, "synthesizer")
-            shape = session.turn_shape(quoted + len(system.encode("utf-8")), tools_on=False)
-            chain = synthesizer_chain(None, session.runtime.config.roles)
-            calls += [
-                session.planned_call(n, shape, repeats=2, role="synthesizer", shared_bytes=shared)
-                for n in chain
-            ]
-        return calls
-
-    def transcript(self, result: ConferResult) -> dict[str, Any]:
-        stages = [
-            {"role": a.role, "provider": a.provider, "exchanges": list(a.exchanges)}
-            for a in self.turns.answers
-        ]
-        return {"hops": {a.provider: list(a.exchanges) for a in result.answers}, "stages": stages}
-
-    def tally(self, result: ConferResult) -> tuple[int, int]:
-        stages = self.turns.answers
-        answered = sum(a.ok for a in result.answers) + sum(a.envelope is not None for a in stages)
-        return len(result.answers) + len(stages), answered

@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 
 from conclave.config import RolesConfig
+from conclave.deliberation import pipeline
+from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import summarize, what_drives_the_bound
 from conclave.deliberation.requests import CoordinateRequest, request_from
 from conclave.deliberation.results import (
@@ -62,16 +64,6 @@ class _Cast:
             synthesizer_chain(request.synthesizer, roles),
         )
 
-    def planned_calls(self, rounds: int, tools: tuple[str, ...]) -> PlannedCalls:
-        """The calls when all goes to plan (every round run, no re-prompt, no fallback): the
-        proposer and the critics once a round, with the worker tools, and the synthesizer once,
-        without."""
-        calls: PlannedCalls = Counter()
-        for name in (self.proposer, *self.critics):
-            calls[(name, tools)] += rounds
-        calls[(self.synthesizers[0], ())] += 1
-        return calls
-
 
 class _Debate:
     def __init__(self, session: Session, request: CoordinateRequest) -> None:
@@ -80,8 +72,9 @@ class _Debate:
         self.cast = _Cast.of(request, session.runtime.config.roles)
         self.rounds = request.rounds
         self.stop_when_converged = request.stop_when_converged
-        planned = self.cast.planned_calls(self.rounds, session.tools.accepted)
-        self.turns = RoleTurns(session, shared_system(self.task, self.context), planned)
+        self.turns = RoleTurns(session, shared_system(self.task, self.context))
+        self.stages: list[Stage] = [_Rounds(self), _Synthesis(self)]
+        self.turns.planned = pipeline.planned_calls(self.stages)
 
     @property
     def all_answers(self) -> list[RoleAnswer]:
@@ -96,53 +89,23 @@ class _Debate:
         }
 
     async def deliberate(self) -> CoordinateResult:
-        rounds: list[Round] = []
-        with anyio.CancelScope(deadline=self.session.deadline):
-            await self._debate(rounds)
-        final = rounds[-1].proposal if rounds else None
-        synthesis = await self._synthesize(rounds[-1]) if final and final.envelope is not None else None
-        return self._result(rounds, synthesis)
+        board = await pipeline.run_stages(self.stages, pipeline.Board())
+        return self._result(board.rounds, board.synthesis)
 
-    # -- the debate ------------------------------------------------------------------------------------
-
-    async def _debate(self, rounds: list[Round]) -> None:
-        for number in range(1, self.rounds + 1):
-            proposal = await self._propose(number, rounds[-1] if rounds else None)
-            if proposal.envelope is None:
-                if not rounds:  # nothing to review: the debate cannot go on
-                    rounds.append(Round(number, proposal))
-                return
-            rounds.append(Round(number, proposal, await self._critique(number, proposal.envelope)))
-            if self.stop_when_converged and _converged(rounds[-1]):
-                return  # every critic accepts: more rounds would only cost
-
-    async def _propose(self, number: int, previous: Round | None) -> RoleAnswer:
-        if previous is None:
-            prompt = proposer_prompt()
-        else:
-            critiques = [_critique_view(c) for c in previous.critiques]
-            prompt = proposer_prompt(previous=previous.proposal.envelope, critiques=critiques)
-        return await self._role("proposer", self.cast.proposer, prompt, number)
-
-    async def _critique(self, number: int, proposal: Mapping[str, Any]) -> tuple[RoleAnswer, ...]:
-        prompt = critic_prompt(proposal, round_number=number)
-        found: dict[str, RoleAnswer] = {}
-
-        async def review(name: str) -> None:
-            found[name] = await self._role("critic", name, prompt, number)
-
-        async with anyio.create_task_group() as group:
-            for name in self.cast.critics:
-                group.start_soon(review, name)
-        return tuple(found[name] for name in self.cast.critics)
-
-    async def _synthesize(self, last: Round) -> RoleAnswer:
-        prompt = synthesizer_prompt(last.proposal.envelope, [_critique_view(c) for c in last.critiques])
-        return await self.turns.synthesize(self.cast.synthesizers, prompt, last.number)
-
-    async def _role(self, role: Role, name: str, prompt: str, number: int) -> RoleAnswer:
-        tools = self.session.tools.accepted if role in TOOL_ROLES else ()
-        return await self.turns.ask(role, name, prompt, number, tools=tools)
+    def role_bounds(self, role: Role, names: tuple[str, ...], repeats: int) -> list[dict[str, Any]]:
+        """A role's calls at their largest: each turn re-prompted, each prompt quoting every
+        earlier output in full."""
+        session = self.session
+        embedded = (1 + len(self.cast.critics)) * session.max_tokens * 2  # earlier outputs quoted, escaped
+        base = len((self.task + (self.context or "")).encode("utf-8")) + embedded + 2 * session.max_tokens
+        tools = session.tools.accepted if role in TOOL_ROLES else ()
+        system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
+        shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
+        shared = len(self.turns.shared.encode("utf-8"))
+        return [
+            session.planned_call(name, shape, repeats=2 * repeats, role=role, shared_bytes=shared)
+            for name in names
+        ]
 
     # -- the result ------------------------------------------------------------------------------------
 
@@ -225,31 +188,8 @@ class _Debate:
             latency_ms=self.session.elapsed_ms(),
             warnings=(),
             worker_tools=self._tool_use(),
-            plan=summarize(self._planned_calls(), rounds=self.rounds, note=note),
+            plan=summarize(pipeline.bounds(self.stages), rounds=self.rounds, note=note),
         )
-
-    def _planned_calls(self) -> list[dict[str, Any]]:
-        """Every role's calls at their largest: each turn re-prompted, each prompt quoting every
-        earlier output in full."""
-        session = self.session
-        embedded = (1 + len(self.cast.critics)) * session.max_tokens * 2  # earlier outputs quoted, escaped
-        base = len((self.task + (self.context or "")).encode("utf-8")) + embedded + 2 * session.max_tokens
-        casting: tuple[tuple[Role, tuple[str, ...], int], ...] = (
-            ("proposer", (self.cast.proposer,), self.rounds),
-            ("critic", self.cast.critics, self.rounds),
-            ("synthesizer", self.cast.synthesizers, 1),
-        )
-        calls = []
-        for role, names, repeats in casting:
-            tools = session.tools.accepted if role in TOOL_ROLES else ()
-            system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
-            shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
-            shared = len(self.turns.shared.encode("utf-8"))
-            calls += [
-                session.planned_call(name, shape, repeats=2 * repeats, role=role, shared_bytes=shared)
-                for name in names
-            ]
-        return calls
 
     def transcript(self, result: CoordinateResult) -> dict[str, Any]:
         hops = [
@@ -273,3 +213,87 @@ def _converged(last: Round) -> bool:
     """Every critic reviewed the proposal and accepts it as it stands."""
     critiques = last.critiques
     return bool(critiques) and all((c.envelope or {}).get("verdict") == "accept" for c in critiques)
+
+
+# ---------------------------------------------------------------- the stages
+
+
+class _Rounds:
+    """The debate: each round, the proposer proposes (from round 2, revising in the light of the
+    critiques), then the critics review it at once; all within the call's deadline. It stops
+    early when a proposal fails (nothing to review) or, unless asked to run every round, once
+    every critic accepts."""
+
+    def __init__(self, debate: _Debate) -> None:
+        self.debate, self.session, self.turns, self.cast = debate, debate.session, debate.turns, debate.cast
+
+    def planned_calls(self) -> PlannedCalls:
+        """The proposer and the critics once a round, with the worker tools."""
+        tools, rounds = self.session.tools.accepted, self.debate.rounds
+        return Counter({(name, tools): rounds for name in (self.cast.proposer, *self.cast.critics)})
+
+    def bounds(self) -> list[dict[str, Any]]:
+        rounds = self.debate.rounds
+        proposers = self.debate.role_bounds("proposer", (self.cast.proposer,), rounds)
+        return proposers + self.debate.role_bounds("critic", self.cast.critics, rounds)
+
+    async def run(self, board: pipeline.Board) -> None:
+        with anyio.CancelScope(deadline=self.session.deadline):
+            await self._debate(board.rounds)
+
+    async def _debate(self, rounds: list[Round]) -> None:
+        for number in range(1, self.debate.rounds + 1):
+            proposal = await self._propose(number, rounds[-1] if rounds else None)
+            if proposal.envelope is None:
+                if not rounds:  # nothing to review: the debate cannot go on
+                    rounds.append(Round(number, proposal))
+                return
+            rounds.append(Round(number, proposal, await self._critique(number, proposal.envelope)))
+            if self.debate.stop_when_converged and _converged(rounds[-1]):
+                return  # every critic accepts: more rounds would only cost
+
+    async def _propose(self, number: int, previous: Round | None) -> RoleAnswer:
+        if previous is None:
+            prompt = proposer_prompt()
+        else:
+            critiques = [_critique_view(c) for c in previous.critiques]
+            prompt = proposer_prompt(previous=previous.proposal.envelope, critiques=critiques)
+        return await self._role("proposer", self.cast.proposer, prompt, number)
+
+    async def _critique(self, number: int, proposal: Mapping[str, Any]) -> tuple[RoleAnswer, ...]:
+        prompt = critic_prompt(proposal, round_number=number)
+        found: dict[str, RoleAnswer] = {}
+
+        async def review(name: str) -> None:
+            found[name] = await self._role("critic", name, prompt, number)
+
+        async with anyio.create_task_group() as group:
+            for name in self.cast.critics:
+                group.start_soon(review, name)
+        return tuple(found[name] for name in self.cast.critics)
+
+    async def _role(self, role: Role, name: str, prompt: str, number: int) -> RoleAnswer:
+        return await self.turns.ask(role, name, prompt, number, tools=self.session.tools.accepted)
+
+
+class _Synthesis:
+    """The synthesizer writes the final answer from the last round's proposal and critiques,
+    falling back along its chain; never with tools. Nothing to synthesize when the debate ended
+    without a valid proposal."""
+
+    def __init__(self, debate: _Debate) -> None:
+        self.debate, self.turns, self.cast = debate, debate.turns, debate.cast
+
+    def planned_calls(self) -> PlannedCalls:
+        return Counter({(self.cast.synthesizers[0], ()): 1})
+
+    def bounds(self) -> list[dict[str, Any]]:
+        return self.debate.role_bounds("synthesizer", self.cast.synthesizers, 1)
+
+    async def run(self, board: pipeline.Board) -> None:
+        last = board.rounds[-1] if board.rounds else None
+        if last is None or last.proposal.envelope is None:
+            return
+        critiques = [_critique_view(c) for c in last.critiques]
+        prompt = synthesizer_prompt(last.proposal.envelope, critiques)
+        board.synthesis = await self.turns.synthesize(self.cast.synthesizers, prompt, last.number)

@@ -1,7 +1,7 @@
-"""Asking a role (SPEC §3): one turn whose reply must be a valid envelope, re-prompted once with
-the validator's error, and the synthesizer's chain of fallbacks. Every stage that asks a role
-goes through here: `coordinate`'s proposer, critics and synthesizer, `confer`'s reviewers and
-chair."""
+"""Asking a role (docs/tools.md#coordinate): one turn whose reply must be a valid envelope,
+re-prompted once with the validator's error, and the synthesizer's chain of fallbacks. Every stage
+that asks a role goes through here: `coordinate`'s proposer, critics and synthesizer, `confer`'s
+reviewers and chair."""
 
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ class RoleTurns:
     above the input price, and one nobody reads is only dearer.
     """
 
-    def __init__(self, session: Session, shared: str, planned: PlannedCalls) -> None:
+    def __init__(self, session: Session, shared: str, planned: PlannedCalls | None = None) -> None:
         self.session = session
         self.shared = shared  # the start of every role turn's system prompt (`shared_system`)
-        self.planned = planned
+        self.planned: PlannedCalls = planned if planned is not None else Counter()
         self.answers: list[RoleAnswer] = []
 
     async def ask(
