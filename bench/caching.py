@@ -1,8 +1,8 @@
 """How much of a deliberation's input the providers could read from their prompt caches, from
-the requests themselves (SPEC §11): for every request after a provider's first in a session, the
-share of its prompt that is a byte-identical prefix of an earlier request to the same provider;
-and what the input would cost with those prefixes billed at the cached rate, against all of it at
-the full rate.
+the requests themselves (docs/providers.md#prompt-caching): for every request after a provider's
+first in a session, the share of its prompt that is a byte-identical prefix of an earlier request
+to the same provider; and what the input would cost with those prefixes billed at the cached
+rate, against all of it at the full rate.
 
 Run: .venv/bin/python -m bench.caching [--context-tokens 20000]
 

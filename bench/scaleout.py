@@ -1,5 +1,5 @@
-"""Scaling out (SPEC §10): what `serve --http --workers 2` gains over one process, and what
-the Redis state backend costs against the in-memory one, measured in one run.
+"""Scaling out (docs/deploying.md): what `serve --http --workers 2` gains over one process, and
+what the Redis state backend costs against the in-memory one, measured in one run.
 
 Run: .venv/bin/python -m bench.scaleout [--reps 3] [--quick]
 (needs Debian's redis-server, which `scripts/setup dev` installs, and the bench extra:

@@ -4,47 +4,63 @@ jsonschema walks keywords generically, which is slow for the small argument obje
 brings. An acceptor can only say "certainly valid": anything it is unsure of (a subclass, a
 non-finite float, a uniqueItems list of non-strings) and every invalid instance go to jsonschema,
 which alone decides rejections and writes every message. A schema using any other keyword (`if`,
-`allOf`, `format`, a remote `$ref`, ...) has no acceptor at all, so a process that only sees valid
-input never imports jsonschema. tests/test_schemas.py holds every acceptor to jsonschema's
-verdicts on generated instances.
+`oneOf`, a `format` other than date-time, a recursive `$ref`, ...) has no acceptor at all, so a
+process that only sees valid input never imports jsonschema. A `$ref` is resolved once, when the
+acceptor is compiled: into the schema's own document, or (given `documents`) into another file
+of `schemas/` named relative to the schema's `$id`. tests/test_schemas.py holds every acceptor
+to jsonschema's verdicts on generated instances.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import numbers
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
 
 Accept = Callable[[Any], bool]
+Documents = Callable[[str], Any]  # a document's URI (no fragment) -> the schema document there
 _ANNOTATIONS = frozenset(
     {"$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"}
 )
-_LOCAL_REF = "#/$defs/"
 
 
 class Unsupported(Exception):
     """A keyword the acceptor does not handle: the schema is left to jsonschema."""
 
 
-def compile_acceptor(schema: Any, root: Any = None) -> Accept:
-    """The acceptor of a schema, or of a part of `root` (whose `$defs` its `$ref`s name);
-    `Unsupported` if it uses a keyword not handled here."""
-    return _Compiler(schema if root is None else root).compile(schema)
+def compile_acceptor(schema: Any, root: Any = None, *, documents: Documents | None = None) -> Accept:
+    """The acceptor of a schema, or of a part of `root` (the document its `$ref`s resolve in,
+    against the root's `$id`); `documents` loads the other documents a `$ref` may name.
+    `Unsupported` if it uses a keyword not handled here, or a `$ref` it cannot resolve."""
+    document = schema if root is None else root
+    base = document.get("$id", "") if isinstance(document, dict) else ""
+    return _Compiler(document, base if isinstance(base, str) else "", documents, {}, set()).compile(schema)
 
 
 class _Compiler:
-    def __init__(self, root: Any) -> None:
+    """Compiles the parts of one document; a `$ref` into another hands over to a compiler of that
+    document, sharing what every compiler of this acceptor has compiled."""
+
+    def __init__(
+        self, root: Any, base: str, documents: Documents | None, refs: dict[str, Accept], open_: set[str]
+    ) -> None:
         self._root = root
-        self._refs: dict[str, Accept] = {}
-        self._open: set[str] = set()  # refs being compiled: a recursive one is unsupported
+        self._base = base
+        self._documents = documents
+        self._refs = refs  # absolute URI -> its acceptor
+        self._open = open_  # refs being compiled: a recursive one is unsupported
 
     def compile(self, schema: Any) -> Accept:
         if schema is True:
             return _always
         if not isinstance(schema, dict):
             raise Unsupported(repr(schema))
+        if "$id" in schema and schema is not self._root:
+            raise Unsupported("$id below a document's root")  # it would move the base of its $refs
         checks: list[Accept] = []
         for keyword, value in schema.items():
             if keyword in _ANNOTATIONS:
@@ -58,15 +74,47 @@ class _Compiler:
         return _all_of(tuple(checks))
 
     def ref(self, ref: Any) -> Accept:
-        name = ref[len(_LOCAL_REF) :] if isinstance(ref, str) and ref.startswith(_LOCAL_REF) else ""
-        target = self._root.get("$defs", {}).get(name) if isinstance(self._root, dict) else None
-        if not name or "/" in name or "~" in name or target is None or ref in self._open:
+        if not isinstance(ref, str):
             raise Unsupported(f"$ref {ref!r}")
-        if ref not in self._refs:
-            self._open.add(ref)
-            self._refs[ref] = self.compile(target)
-            self._open.discard(ref)
-        return self._refs[ref]
+        uri = urljoin(self._base, ref) if self._base else ref
+        if uri in self._refs:
+            return self._refs[uri]
+        if uri in self._open:
+            raise Unsupported(f"recursive $ref {ref!r}")
+        address, fragment = urldefrag(uri)
+        compiler = self if address == urldefrag(self._base)[0] else self._other(address, ref)
+        target = _pointer(compiler._root, fragment, ref)
+        self._open.add(uri)
+        try:
+            self._refs[uri] = compiler.compile(target)
+        finally:
+            self._open.discard(uri)
+        return self._refs[uri]
+
+    def _other(self, address: str, ref: str) -> _Compiler:
+        if self._documents is None or not address:
+            raise Unsupported(f"$ref {ref!r} names another document")
+        try:
+            document = self._documents(address)
+        except LookupError as exc:
+            raise Unsupported(f"$ref {ref!r}: {exc}") from exc
+        return _Compiler(document, address, self._documents, self._refs, self._open)
+
+
+def _pointer(document: Any, fragment: str, ref: str) -> Any:
+    """The part of `document` a JSON Pointer fragment (`/$defs/usage`, or empty: the whole) names."""
+    if fragment and not fragment.startswith("/"):
+        raise Unsupported(f"$ref {ref!r}: only JSON Pointer fragments are resolved")  # no $anchor
+    node = document
+    for raw in fragment.split("/")[1:] if fragment else ():
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise Unsupported(f"$ref {ref!r} does not resolve")
+    return node
 
 
 def _always(_instance: Any) -> bool:
@@ -219,6 +267,58 @@ def _enum(_c: _Compiler, options: Any, _schema: Any) -> Accept:
     return accept
 
 
+def _const(_c: _Compiler, value: Any, schema: Any) -> Accept:
+    return _enum(_c, [value], schema)
+
+
+def _any_of(c: _Compiler, branches: Any, _schema: Any) -> Accept:
+    """Certainly valid when one branch certainly accepts: sound, though jsonschema may accept
+    through a branch the acceptor is unsure of (then it decides)."""
+    if not isinstance(branches, list) or not branches:
+        raise Unsupported("anyOf")
+    accepts = tuple(c.compile(branch) for branch in branches)
+
+    def accept(value: Any) -> bool:
+        for branch in accepts:  # noqa: SIM110 -- no generator object per branch
+            if branch(value):
+                return True
+        return False
+
+    return accept
+
+
+def _all_branches(c: _Compiler, branches: Any, _schema: Any) -> Accept:
+    if not isinstance(branches, list) or not branches:
+        raise Unsupported("allOf")
+    return _all_of(tuple(c.compile(branch) for branch in branches))
+
+
+# RFC 3339 date-times of the strictest spelling (upper-case T and Z, no leap second): valid
+# whether or not jsonschema checks the format (it does with rfc3339-validator installed).
+_DATE_TIME = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
+    re.ASCII,  # \d: 0-9 only
+)
+
+
+def _is_date_time(value: str) -> bool:
+    match = _DATE_TIME.fullmatch(value)
+    if match is None:
+        return False
+    try:
+        datetime.date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError:
+        return False
+    return True
+
+
+def _format(_c: _Compiler, name: Any, _schema: Any) -> Accept:
+    """Only `date-time` (the events' `ts`); another format is left to jsonschema."""
+    if name != "date-time":
+        raise Unsupported(f"format {name!r}")
+    return _on_strings(_is_date_time)
+
+
 def _bound(applies: Callable[[Accept], Accept], test: Callable[[Any, Any], bool]) -> Any:
     return lambda _c, limit, _s: applies(lambda value: test(value, limit))
 
@@ -227,11 +327,15 @@ _KEYWORDS: dict[str, Callable[[_Compiler, Any, Any], Accept | None]] = {
     "$ref": lambda c, ref, _schema: c.ref(ref),
     "type": _type,
     "enum": _enum,
+    "const": _const,
+    "anyOf": _any_of,
+    "allOf": _all_branches,
     "properties": _properties,
     "additionalProperties": _additional_properties,
     "required": _required,
     "items": _items,
     "pattern": _pattern,
+    "format": _format,
     "uniqueItems": _unique_items,
     "minLength": _bound(_on_strings, lambda value, n: len(value) >= n),
     "maxLength": _bound(_on_strings, lambda value, n: len(value) <= n),

@@ -40,7 +40,8 @@ class EgressBudget:
 
     async def take_request(self) -> None:
         """Spend one request, or refuse it when either limit is reached. Async because a shared
-        budget (SPEC §10) does this in one atomic step on the state backend."""
+        budget (docs/deploying.md#what-is-shared) does this in one atomic step on the state
+        backend."""
         self.check_request()
         self.record_request()
 
@@ -126,7 +127,8 @@ class CostCap:
     def resolve(
         cls, cap_usd: float | None, mode: str | None, *, default_cap: float, default_mode: str
     ) -> CostCap:
-        """The call's arguments over config; an unknown mode is `warn` (SPEC §4)."""
+        """The call's arguments over config; an unknown mode is `warn`
+        (docs/worker-loop.md#cost-caps-budgetspy)."""
         cap = default_cap if cap_usd is None else cap_usd
         chosen = (mode or default_mode).lower()
         if chosen not in COST_CAP_MODES:
@@ -168,7 +170,8 @@ class CostMeter:
             )
 
     def report(self) -> CostCapReport | None:
-        """The turn's `cost_cap` block (SPEC §4), or None when there is no active cap."""
+        """The turn's `cost_cap` block (docs/worker-loop.md#cost-caps-budgetspy), or None when
+        there is no active cap."""
         if self.cap.cap_usd is None or self.cap.mode == "off":
             return None
         return CostCapReport(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conclave.errors import UnknownTool
-from conclave.schemas import check_arguments, load_schema
+from conclave.schemas import check_arguments, dereferenced, load_schema
 
 if TYPE_CHECKING:
     from conclave.deliberation.session import ProgressSink
@@ -58,7 +58,9 @@ class ToolSpec:
 
     @property
     def output_schema(self) -> dict[str, Any]:
-        return load_schema(f"{self.name}.output.json")
+        """The result's schema self-contained, the shapes it names in `schemas/defs/` inlined:
+        `tools/list` hands it to clients whole. Built once; not to be changed."""
+        return dereferenced(f"{self.name}.output.json")
 
     def validate(self, args: Any) -> None:
         """Raise InvalidArguments with the validator's message and the failing JSON path."""

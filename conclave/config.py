@@ -73,7 +73,8 @@ class RetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    timeout_seconds: float = 50.0  # below the 60 s many MCP clients give a tool call (SPEC §8)
+    # below the 60 s many MCP clients give a tool call (docs/server.md#long-deliberations)
+    timeout_seconds: float = 50.0
     max_tokens: int = 1024
     temperature: float | None = None
     max_concurrency: int = 64
@@ -129,12 +130,12 @@ class ServerConfig:
     # A call with a progressToken hears from the server at least this often, so that clients
     # whose idle timer is reset by progress keep waiting through a long deliberation.
     progress_heartbeat_seconds: float = 10.0
-    ui: bool = False  # serve --http also serves the page of `conclave ui` at /ui/ (SPEC §12)
+    ui: bool = False  # serve --http also serves the page of `conclave ui` at /ui/ (docs/ui.md)
 
 
 @dataclass(frozen=True, slots=True)
 class StateConfig:
-    """Where state that outlives one call lives (SPEC §10): this process's memory, or a Redis
+    """Where state that outlives one call lives (docs/deploying.md): this process's memory, or a Redis
     shared by every replica. The URL may carry a password, so it is never shown whole."""
 
     backend: str = "memory"  # memory | redis
@@ -197,7 +198,8 @@ REDIS_URL_ENV = "CONCLAVE_REDIS_URL"
 
 
 def find_config_file(cli_path: str | None, env: Mapping[str, str]) -> Path:
-    """SPEC §6 discovery order; an explicitly named file must exist."""
+    """The discovery order of docs/configuration.md#where-the-config-comes-from; an explicitly
+    named file must exist."""
     for explicit, origin in ((cli_path, "--config"), (env.get("CONCLAVE_CONFIG"), "CONCLAVE_CONFIG")):
         if explicit:
             path = Path(explicit).expanduser()

@@ -122,8 +122,9 @@ class DeadlineExceeded(ProviderError):
 class ToolError(ConclaveError):
     """A tool failed in a way the calling model should see and can react to.
 
-    `reason` is machine-readable (SPEC §6 vocabulary, e.g. `private_address`); the message
-    is for people and models.
+    `reason` is machine-readable (a reason of docs/tools.md#fetch or
+    docs/worker-loop.md#refusal-reasons, e.g. `private_address`); the message is for people
+    and models.
     """
 
     code = "tool_error"

@@ -82,7 +82,8 @@ class CompletionRequest:
 
 @record
 class Usage:
-    """Token counts in Conclave's one convention (SPEC §6), whatever the provider counts.
+    """Token counts in Conclave's one convention (docs/providers.md#usage-normalisation),
+    whatever the provider counts.
 
     `input_tokens` holds every prompt token (cached reads and cache writes included);
     `output_tokens` every generated token (reasoning and thoughts included).

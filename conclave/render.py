@@ -344,7 +344,8 @@ def _role_head(title: str, answer: Mapping[str, Any], style: Style) -> list[str]
 
 
 def _tool_mode(answer: Mapping[str, Any]) -> list[str]:
-    """How the answer's worker tools were encoded (SPEC §7), when it had any."""
+    """How the answer's worker tools were encoded (docs/worker-loop.md#native-tool-calling), when
+    it had any."""
     return [f"tools: {answer['tool_mode']}"] if answer.get("tool_mode") else []
 
 

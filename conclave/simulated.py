@@ -21,7 +21,6 @@ SIMULATED_MEMBERS: dict[str, tuple[ProviderKind, str, PriceConfig]] = {
     "sim-anthropic": ("anthropic", "sim-claude", PriceConfig(3.0, 15.0, 0.3, 3.75)),
     "sim-gemini": ("gemini", "sim-gemini", PriceConfig(0.3, 2.5, cached_input_per_mtok=0.03)),
 }
-KINDS: tuple[ProviderKind, ...] = ("openai", "anthropic", "gemini")
 T = TypeVar("T")
 
 
@@ -109,8 +108,7 @@ class SimulatedPanel:
         async with contextlib.AsyncExitStack() as stack:
             panel = await stack.enter_async_context(self.panel)
             port = await stack.enter_async_context(page_server())
-            urls: dict[str, str] = {kind: panel.base_url(kind) for kind in KINDS}
-            self._config = allow_local_page(simulated_config(self._base, urls), port)
+            self._config = allow_local_page(simulated_config(self._base, panel.base_urls()), port)
             self._page_url = f"http://127.0.0.1:{port}/lighthouse"
             self._stack = stack.pop_all()  # opened: __aexit__ closes them
         return self

@@ -184,7 +184,8 @@ class Telemetry:
 # several times per provider call.
 _SESSION_ID: ContextVar[str | None] = ContextVar("conclave_session_id", default=None)
 _ALREADY_BOUND = nullcontext()
-# The caller's W3C trace (SPEC §8): its events carry the trace id, so they can be found from it.
+# The caller's W3C trace (docs/telemetry.md#the-event-log): its events carry the trace id, so they
+# can be found from it.
 _TRACE_ID: ContextVar[str | None] = ContextVar("conclave_trace_id", default=None)
 _TRACEPARENT: ContextVar[str | None] = ContextVar("conclave_traceparent", default=None)
 _TRACEPARENT_FORM = re.compile(r"\A[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")

@@ -1,6 +1,6 @@
-"""Spans for tracing (SPEC §10): one `invoke_workflow` per call, `invoke_agent` per worker turn,
-`chat {model}` per provider call, `execute_tool {name}` per hop, named and attributed by the
-OpenTelemetry GenAI semantic conventions.
+"""Spans for tracing (docs/telemetry.md#traces-opentelemetry): one `invoke_workflow` per call,
+`invoke_agent` per worker turn, `chat {model}` per provider call, `execute_tool {name}` per hop,
+named and attributed by the OpenTelemetry GenAI semantic conventions.
 
 This module never imports OpenTelemetry. With `telemetry.otel` off (the default) every span is
 the shared null span, and a call costs what it did. With it on, `conclave._otel` (the optional
@@ -14,9 +14,6 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from conclave.errors import ConfigError
-
-# The conventions' gen_ai.provider.name values for Conclave's wire kinds.
-PROVIDER_NAMES = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini"}
 
 
 class Span(Protocol):

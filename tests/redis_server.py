@@ -13,7 +13,7 @@ import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
 MISSING = (
-    "REDIS NOT INSTALLED: the shared-state tests (SPEC §10) did NOT run; install Debian's "
+    "REDIS NOT INSTALLED: the shared-state tests (docs/deploying.md) did NOT run; install Debian's "
     "redis-server (scripts/setup dev does it where it can)"
 )
 

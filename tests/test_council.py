@@ -1,5 +1,5 @@
-"""The full council (SPEC §9): `confer` with blind peer review and a chair's synthesis, and
-`coordinate` that stops once its critics agree, over the simulated panel.
+"""The full council (docs/tools.md#confer): `confer` with blind peer review and a chair's
+synthesis, and `coordinate` that stops once its critics agree, over the simulated panel.
 
 Reviewers are scripted from the session: the labels each reviewer sees are shuffled
 reproducibly from the session id (`review.shuffled`), so a test that knows the session id

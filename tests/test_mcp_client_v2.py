@@ -1,5 +1,5 @@
 """The official MCP Python SDK 2.x, as a real client nobody here wrote, drives `conclave serve`
-in both eras (SPEC §8): `mode="auto"` probes `server/discover` and must land on the stateless
+in both eras (docs/server.md#mcp-both-eras): `mode="auto"` probes `server/discover` and must land on the stateless
 revision 2026-07-28, `mode="2026-07-28"` pins it, `mode="legacy"` takes the handshake; over
 stdio and over Streamable HTTP. Then `coordinate` and `confer` as tasks, through a client
 extension for `io.modelcontextprotocol/tasks` built on the SDK's own hooks: resolved by polling,

@@ -1,7 +1,8 @@
-"""Native tool calls on the Gemini wire (SPEC §7), through ProviderClient.complete() over a
-MockTransport: the declarations and the final round's mode NONE as sent, functionCall parts read
-into ToolUses (parallel, with and without Gemini's ids, arguments under the strict rules), the
-model turn repeated unchanged with its thoughtSignature, and the functionResponse turn."""
+"""Native tool calls on the Gemini wire (docs/providers.md#native-tool-calling), through
+ProviderClient.complete() over a MockTransport: the declarations and the final round's mode NONE
+as sent, functionCall parts read into ToolUses (parallel, with and without Gemini's ids,
+arguments under the strict rules), the model turn repeated unchanged with its thoughtSignature,
+and the functionResponse turn."""
 
 from __future__ import annotations
 

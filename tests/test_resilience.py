@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+import tenacity
 
-from conclave.config import Config
+from conclave.config import Config, RetryConfig
 from conclave.errors import (
     DeadlineExceeded,
     PermanentProviderError,
@@ -22,6 +23,7 @@ from conclave.errors import (
     TransientProviderError,
 )
 from conclave.messages import Completion, CompletionRequest
+from conclave.providers.retry import StopAtAttemptsOrDeadline, stop_reason
 from tests.conftest import FakeClock
 from tests.support import ScriptedTransport, Step, open_pool, provider_entry, read_events
 
@@ -293,3 +295,50 @@ async def test_every_call_leaves_one_provider_call_event_with_attempts(
     assert calls[0]["status"] == "ok"
     assert calls[0]["attempts"] == 3
     assert calls[0]["usage"]["input_tokens"] == 14
+
+
+async def test_the_attempts_run_on_tenacity_with_the_injected_sleep(
+    make_config: Callable[..., Config], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[tenacity.AsyncRetrying] = []
+
+    class Seen(tenacity.AsyncRetrying):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(tenacity, "AsyncRetrying", Seen)
+    plain, _ = await run(make_config, clock, "openai_basic")
+    assert plain.attempts == 1 and made == [], "a first attempt that succeeds needs no controller"
+    completion, _ = await run(make_config, clock, status(503), "openai_basic")
+    assert completion.attempts == 2
+    [retrying] = made  # one controller for the call, handed the failed first attempt, then the second
+    assert retrying.statistics["attempt_number"] == 2
+    sleep: object = retrying.sleep  # typed by tenacity as a sync sleep; ours is awaited
+    assert sleep == clock.sleep
+    assert isinstance(retrying.stop, StopAtAttemptsOrDeadline)
+    assert clock.slept == [0.01]
+
+
+async def test_a_hint_past_the_deadline_stops_at_once_saying_why(
+    make_config: Callable[..., Config], clock: FakeClock, events_path: Path
+) -> None:
+    with pytest.raises(RateLimited) as info:
+        await run(make_config, clock, status(429, {"retry-after": "5"}), "openai_basic", deadline_in=3)
+    assert len(info.value.transport.requests) == 1  # type: ignore[attr-defined]
+    assert clock.slept == []
+    assert "deadline left no time to retry" in info.value.message
+    assert [e for e in read_events(events_path) if e["event"] == "provider_retry"] == []
+
+
+def test_a_hint_longer_than_conclave_waits_is_named_even_on_the_last_attempt() -> None:
+    policy = RetryConfig(max_attempts=2, max_retry_after_seconds=60)
+
+    def reason(retry_after: float | None, attempt: int, wait: float) -> str:
+        hinted = RateLimited("slow down", retry_after=retry_after)
+        return stop_reason(hinted, attempt=attempt, wait=wait, policy=policy, remaining=10.0)
+
+    assert reason(120, attempt=2, wait=120) == "retry_after_too_long"
+    assert reason(None, attempt=2, wait=1) == "attempts"
+    assert reason(None, attempt=1, wait=10) == "deadline"
+    assert reason(None, attempt=1, wait=1) == ""

@@ -342,7 +342,8 @@ def test_the_synthesizer_prompts_mention_no_tools() -> None:
 
 
 def test_every_turn_starts_its_system_prompt_with_the_same_task_block_then_its_role() -> None:
-    """SPEC §11: the task is in the shared part, first; the role's instructions come after it."""
+    """The task is in the shared part, first; the role's instructions come after it
+    (docs/tools.md#coordinate)."""
     shared = shared_system(TASK, CONTEXT)
     assert fenced_blocks(shared) == [{"task": TASK, "context": CONTEXT}]
     assert fenced_blocks(shared_system(TASK, None)) == [{"task": TASK}]

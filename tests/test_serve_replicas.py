@@ -1,5 +1,5 @@
 """Replicas as a user runs them: `conclave serve --http` processes sharing a real Redis, and
-`serve --http --workers 2` accepting on one port (SPEC §10)."""
+`serve --http --workers 2` accepting on one port (docs/deploying.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The simulated panel as a native tool-calling model (SPEC §7), driven through the real adapters
-and ProviderClient over loopback HTTP: scripted calls come back as `Completion.tool_uses`, the
-follow-up carrying the native history is accepted (or refused as the service would refuse it),
-rules react to tool results, and a model without tool support refuses declarations."""
+"""The simulated panel as a native tool-calling model (docs/providers.md#native-tool-calling),
+driven through the real adapters and ProviderClient over loopback HTTP: scripted calls come back
+as `Completion.tool_uses`, the follow-up carrying the native history is accepted (or refused as
+the service would refuse it), rules react to tool results, and a model without tool support
+refuses declarations."""
 
 from __future__ import annotations
 

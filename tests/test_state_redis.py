@@ -1,6 +1,6 @@
-"""State shared through a real Redis (SPEC §10): two replicas, each a runtime of its own with
-its own connection, see one breaker, one egress budget, one concurrency limit and one claim
-on a session id; Redis going away and coming back loses nothing."""
+"""State shared through a real Redis (docs/deploying.md#what-is-shared): two replicas, each a
+runtime of its own with its own connection, see one breaker, one egress budget, one concurrency
+limit and one claim on a session id; Redis going away and coming back loses nothing."""
 
 from __future__ import annotations
 

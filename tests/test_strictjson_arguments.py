@@ -1,4 +1,5 @@
-"""A native tool call's arguments obey the rules of a `<tool_call>` tag's JSON (SPEC §7)."""
+"""A native tool call's arguments obey the rules of a `<tool_call>` tag's JSON
+(docs/worker-loop.md#native-tool-calling)."""
 
 from __future__ import annotations
 

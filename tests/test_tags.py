@@ -1,4 +1,5 @@
-"""The strict `<tool_call>` tag parser (SPEC §4): first tag only, never repaired, never raises."""
+"""The strict `<tool_call>` tag parser (docs/worker-loop.md#tags-tagspy): first tag only, never
+repaired, never raises."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""OpenTelemetry tracing (SPEC §10): one trace per call, workflow -> agents -> chats and tools, in
-the GenAI conventions' names and attributes, parented by the caller's `traceparent`; exported
-over real OTLP/HTTP to a receiver in the test; and nothing of OpenTelemetry loaded when off."""
+"""OpenTelemetry tracing (docs/telemetry.md#traces-opentelemetry): one trace per call, workflow ->
+agents -> chats and tools, in the GenAI conventions' names and attributes, parented by the
+caller's `traceparent`; exported over real OTLP/HTTP to a receiver in the test; and nothing of
+OpenTelemetry loaded when off."""
 
 from __future__ import annotations
 

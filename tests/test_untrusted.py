@@ -1,4 +1,5 @@
-"""Untrusted wrapping of tool results (SPEC §4): envelope, neutralization, truncation, canary."""
+"""Untrusted wrapping of tool results (docs/worker-loop.md#untrusted-wrapping-untrustedpy-_foldingpy):
+envelope, neutralization, truncation, canary."""
 
 from __future__ import annotations
 

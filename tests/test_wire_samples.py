@@ -1,4 +1,4 @@
-"""The adapters read every recorded response shape of WIRE.md correctly, through the real
+"""The adapters read every response shape of docs/providers.md correctly, through the real
 HTTP client stack (httpx over a MockTransport), priced by the rate card."""
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def planned_call(
 ) -> dict[str, Any]:
     """One provider's (or role's) share of the plan; `repeats` covers rounds and re-prompts;
     `shared_bytes`, the prompt every call of a deliberation starts with, which every call after
-    this role's first may read from the provider's cache (SPEC §11)."""
+    this role's first may read from the provider's cache (docs/providers.md#prompt-caching)."""
     entry = config.providers.get(name)
     call: dict[str, Any] = {"provider": name, "model": entry.model if entry else None}
     if role is not None:

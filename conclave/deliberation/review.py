@@ -1,6 +1,6 @@
-"""The arithmetic of `confer`'s blind peer review (SPEC §9): labels shuffled per reviewer, a
-reviewer's ranking read back into providers, the Borda aggregate and the reviewers' agreement.
-Pure functions; the stage that asks the reviewers is in `confer`."""
+"""The arithmetic of `confer`'s blind peer review (docs/tools.md#confer): labels shuffled per
+reviewer, a reviewer's ranking read back into providers, the Borda aggregate and the reviewers'
+agreement. Pure functions; the stage that asks the reviewers is in `confer`."""
 
 from __future__ import annotations
 

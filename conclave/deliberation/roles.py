@@ -1,5 +1,6 @@
-"""The role envelopes (SPEC §3, §9): `coordinate`'s proposer, critics and synthesizer, and
-`confer`'s reviewers and chair (a synthesizer given the panel's answers).
+"""The role envelopes (docs/tools.md#coordinate, docs/tools.md#confer): `coordinate`'s proposer,
+critics and synthesizer, and `confer`'s reviewers and chair (a synthesizer given the panel's
+answers).
 
 Each role answers with ONE JSON object valid against `schemas/roles/<role>.json`. The wording of every
 prompt is data (`conclave/prompts/roles/*.txt`, filled with `string.Template`); this module embeds the
@@ -107,8 +108,8 @@ def _critiques(critiques: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def shared_system(task: str, context: str | None) -> str:
     """What every role turn of a deliberation starts its system prompt with: the same preamble and
-    the task (and context), byte for byte, so that providers can cache it (SPEC §11). The role's
-    own instructions follow it (`turn_system`)."""
+    the task (and context), byte for byte, so that providers can cache it
+    (docs/providers.md#prompt-caching). The role's own instructions follow it (`turn_system`)."""
     return _fill("deliberation", task=_task_block(task, context))
 
 

@@ -35,6 +35,7 @@ from conclave.deliberation.results import (
 )
 from conclave.errors import SessionInFlight
 from conclave.messages import Message, Usage
+from conclave.providers.kinds import KINDS
 from conclave.runtime import Runtime
 from conclave.telemetry import caller_traceparent
 from conclave.telemetry import session as bind_session
@@ -46,7 +47,7 @@ from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
 # a heartbeat every server.progress_heartbeat_seconds ({"waiting": ["critic beta", ...]}).
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
-NATIVE_KINDS = frozenset({"openai", "anthropic", "gemini"})  # the kinds whose adapters speak native tools
+NATIVE_KINDS = frozenset(kind for kind, spec in KINDS.items() if spec.native_tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +325,8 @@ async def _deliberate(session: Session, deliberation: Deliberation[Result]) -> R
 
 async def _heartbeat(session: Session, progress: ProgressSink) -> None:
     """Every `server.progress_heartbeat_seconds`, a step naming who is still awaited: clients
-    whose idle timer is reset by progress keep waiting through a long deliberation (SPEC §8)."""
+    whose idle timer is reset by progress keep waiting through a long deliberation
+    (docs/server.md#long-deliberations)."""
     interval = session.runtime.config.server.progress_heartbeat_seconds
     while True:
         await anyio.sleep(interval)
@@ -340,9 +342,10 @@ def _end(session: Session, status: str, usage: Usage, **fields: Any) -> None:
 
 
 def tool_mode(asked: str | None, provider: ProviderConfig, configured: str) -> ToolMode:
-    """SPEC §7: the call's argument, over the provider's `tool_mode`, over the config's mode;
-    `auto` is native where the adapter speaks it and the provider entry does not say tags. (A
-    provider that refused native declarations is kept to tags by the worker loop itself.)"""
+    """The call's argument, over the provider's `tool_mode`, over the config's mode
+    (docs/worker-loop.md#native-tool-calling); `auto` is native where the adapter speaks it and
+    the provider entry does not say tags. (A provider that refused native declarations is kept to
+    tags by the worker loop itself.)"""
     mode = asked or provider.tool_mode or configured
     if mode == "auto":
         return "native" if provider.kind in NATIVE_KINDS and provider.tool_mode != "tags" else "tags"

@@ -1,5 +1,5 @@
-"""Provider adapters, one file per wire kind, behind an explicit registry, and the pool
-that hands out resilient clients (breakers persist for the life of the process)."""
+"""Provider adapters, one file per wire kind, behind an explicit registry (`kinds.KINDS`), and
+the pool that hands out resilient clients (breakers persist for the life of the process)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,14 @@ from conclave.breaker import BreakerState, Clock
 from conclave.config import Config
 from conclave.errors import ConfigError
 from conclave.http import transport_of
-from conclave.providers.anthropic import AnthropicAdapter
 from conclave.providers.base import Adapter
 from conclave.providers.client import ProviderClient, Sleep
-from conclave.providers.gemini import GeminiAdapter
-from conclave.providers.openai import OpenAIAdapter
+from conclave.providers.kinds import KINDS
 from conclave.state import StateBackend
 from conclave.state.memory import MemoryState
 from conclave.telemetry import Telemetry
 
-ADAPTERS: dict[str, Adapter] = {
-    adapter.kind: adapter for adapter in (OpenAIAdapter(), AnthropicAdapter(), GeminiAdapter())
-}
+ADAPTERS: dict[str, Adapter] = {kind: spec.adapter for kind, spec in KINDS.items()}
 
 __all__ = ["ADAPTERS", "ProviderClient", "ProviderPool"]
 

@@ -1,11 +1,12 @@
-"""Anthropic Messages wire (WIRE.md §3): `system` is top-level, `max_tokens` is required,
-and `input_tokens` excludes cached tokens.
+"""Anthropic Messages wire (docs/providers.md#anthropic-wire): `system` is top-level,
+`max_tokens` is required, and `input_tokens` excludes cached tokens.
 
-Native tools (SPEC §7): declared as `tools[{name, description, input_schema}]`; calls come back
-as `tool_use` content blocks matched to their results by the block's own `toolu_…` id. The
-assistant turn that made them is repeated as the very blocks the response held (`echo`):
-with extended thinking the API rejects a tool loop whose `thinking` / `redacted_thinking`
-blocks come back altered or without their signatures."""
+Native tools (docs/providers.md#native-tool-calling): declared as
+`tools[{name, description, input_schema}]`; calls come back as `tool_use` content blocks
+matched to their results by the block's own `toolu_…` id. The assistant turn that made them
+is repeated as the very blocks the response held (`echo`): with extended thinking the API
+rejects a tool loop whose `thinking` / `redacted_thinking` blocks come back altered or without
+their signatures."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from conclave.providers.base import (
     Endpoint,
     ErrorDetails,
     Headers,
+    KindSpec,
     ParsedCompletion,
     as_int,
     bare_model,
@@ -95,6 +97,16 @@ class AnthropicAdapter:
             request_id=request_id,
             sticky_quota=code == "billing_error",
         )
+
+
+KIND = KindSpec(
+    AnthropicAdapter(),
+    native_tools=True,
+    structured_output=True,
+    streaming=False,
+    cache="breakpoint",  # cache_control on the shared system block (`_system`)
+    otel_name="anthropic",
+)
 
 
 def _message(m: Message) -> dict[str, Any]:

@@ -1,11 +1,13 @@
-"""What every wire adapter shares: the request it builds, the parse it returns, and the
-mapping from an HTTP status (plus the provider's own error code) to Conclave's error tree."""
+"""What every wire adapter shares: the request it builds, the parse it returns, the mapping
+from an HTTP status (plus the provider's own error code) to Conclave's error tree, and the
+`KindSpec` each kind's module declares next to its adapter."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from conclave import __version__
 from conclave.config import ProviderConfig
@@ -75,6 +77,30 @@ class Adapter(Protocol):
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion: ...
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails: ...
+
+
+# How a kind's provider caches a repeated prompt prefix (docs/providers.md#prompt-caching):
+# explicit `cache_control` breakpoints, an automatic cache a key routes to, or automatic alone.
+CacheMechanics = Literal["breakpoint", "cache_key", "implicit"]
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A wire kind as one unit: its adapter and what the kind can do. Each kind's module declares
+    one next to its adapter; `conclave.providers.kinds.KINDS` lists them, and whatever depends on
+    the kind (the pool, tool modes, tracing) reads it there instead of keeping its own list."""
+
+    adapter: Adapter
+    native_tools: bool  # tools called through the wire's own fields, not the `<tool_call>` tags
+    structured_output: bool  # the wire can hold an answer to a JSON Schema (nothing asks it yet)
+    streaming: bool  # the adapter reads streamed answers (none does yet: replies are read whole)
+    cache: CacheMechanics
+    otel_name: str  # OpenTelemetry's `gen_ai.provider.name` for the kind
+
+    @property
+    def name(self) -> str:
+        """The `kind` a provider entry names: the adapter's, so the two cannot disagree."""
+        return self.adapter.kind
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})

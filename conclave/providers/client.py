@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -31,13 +31,17 @@ from conclave.errors import (
 from conclave.http import ProviderTransport, classify_transport_error
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
+from conclave.providers.kinds import KINDS
 from conclave.providers.pricing import cost_usd
-from conclave.providers.retry import RetryDecision, decide, explain_give_up
 from conclave.records import record
 from conclave.redact import Redactor
 from conclave.state.base import Breaker, Slots
 from conclave.telemetry import Telemetry
-from conclave.tracing import PROVIDER_NAMES
+
+if TYPE_CHECKING:  # tenacity is imported by the first call that has to retry (_Attempts)
+    from tenacity import RetryCallState
+
+    from conclave.providers.retry import StopAtAttemptsOrDeadline
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -95,7 +99,7 @@ class ProviderClient:
     async def _traced(self, request: CompletionRequest, deadline: float) -> Completion:
         chat: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": PROVIDER_NAMES.get(self.entry.kind, self.entry.kind),
+            "gen_ai.provider.name": KINDS[self.entry.kind].otel_name,
             "gen_ai.request.model": self.entry.model,
             "gen_ai.request.max_tokens": request.max_tokens,
             "conclave.provider": self.name,
@@ -334,38 +338,62 @@ class _Outgoing:
 
 
 class _Attempts:
-    """One call's attempts, made in one loop: `decide` judges each failure against the deadline,
-    and the last verdict explains why Conclave stopped asking."""
+    """One call's attempts. The first is made directly: most calls need no other, and running
+    it through tenacity would cost a successful call ~2.7 times the instructions of its whole
+    attempt layer (docs/performance.md, "Retries on tenacity"). A transient failure hands the
+    call to tenacity's `AsyncRetrying` with Conclave's strategies (`retry.py`: which errors to
+    retry, how long to wait, when to stop), with that failure replayed as tenacity's first
+    attempt, so the strategies decide exactly as for any other. The stop strategy keeps why
+    retrying stopped, and the final error explains it."""
 
-    __slots__ = ("_client", "_deadline", "count", "decision")
+    __slots__ = ("_client", "_deadline", "_stop", "count")
 
     def __init__(self, client: ProviderClient, deadline: float) -> None:
         self._client = client
         self._deadline = deadline
+        self._stop: StopAtAttemptsOrDeadline | None = None
         self.count = 0
-        self.decision: RetryDecision | None = None
 
     async def run(self, wire: _Outgoing) -> ParsedCompletion:
-        client = self._client
-        while True:
-            self.count += 1
-            try:
-                return await client._attempt(wire, self._deadline)
-            except ProviderError as exc:
-                self.decision = decide(
-                    exc,
-                    attempt=self.count,
-                    policy=client._retry,
-                    remaining=self._deadline - client._clock(),
-                    jitter=client._jitter,
-                )
-                if not self.decision.retry:
-                    raise
-                self._announce(exc, self.decision.delay)
-            await client._sleep(self.decision.delay)
+        try:
+            return await self._attempt(wire)
+        except TransientProviderError as first:
+            return await self._retry(wire, first)
 
-    def _announce(self, exc: ProviderError, delay: float) -> None:
+    async def _retry(self, wire: _Outgoing, first: TransientProviderError) -> ParsedCompletion:
+        from tenacity import AsyncRetrying
+
+        from conclave.providers.retry import RetryTransient, StopAtAttemptsOrDeadline, WaitForHintOrBackoff
+
         client = self._client
+        self._stop = StopAtAttemptsOrDeadline(client._retry, self._deadline, client._clock)
+        made = [first]  # the attempt already made, which tenacity is handed as its first
+
+        async def attempt() -> ParsedCompletion:
+            if made:
+                raise made.pop()
+            return await self._attempt(wire)
+
+        retrying = AsyncRetrying(
+            sleep=client._sleep,  # the injected sleep: tests wait on a fake clock
+            stop=self._stop,
+            wait=WaitForHintOrBackoff(client._retry, client._jitter),
+            retry=RetryTransient(),
+            before_sleep=self._announce,
+            reraise=True,  # the provider's own error, not tenacity's RetryError
+        )
+        parsed: ParsedCompletion = await retrying(attempt)
+        return parsed
+
+    async def _attempt(self, wire: _Outgoing) -> ParsedCompletion:
+        self.count += 1
+        return await self._client._attempt(wire, self._deadline)
+
+    def _announce(self, state: RetryCallState) -> None:
+        """The `retry` span event and `provider_retry` log event, before the wait."""
+        from conclave.providers.retry import failure
+
+        client, exc, delay = self._client, failure(state), state.upcoming_sleep
         retry = {"error.type": exc.code, "conclave.attempt": self.count, "conclave.delay_seconds": delay}
         client._telemetry.tracer.event("retry", **retry)
         client._telemetry.emit(
@@ -381,13 +409,16 @@ class _Attempts:
     def give_up(self, exc: ProviderError) -> ProviderError:
         """The error to surface: the provider's words plus why retrying stopped."""
         exc.provider = self._client.name
-        if self.decision is None or self.decision.retry:
+        reason = self._stop.reason if self._stop is not None else ""
+        if not reason:  # failed before any attempt, or permanently: the error says it all
             return exc
-        exc.message = explain_give_up(exc, self.decision, self.count)
+        from conclave.providers.retry import DEADLINE, explain_give_up
+
+        exc.message = explain_give_up(exc, reason, self.count)
         exc.args = (exc.message,)
         # Only a timeout becomes a deadline error: a 429 or 503 whose wait would pass the deadline
         # is still the provider's answer, and its retry hint is what the caller needs.
-        if self.decision.reason == "deadline" and isinstance(exc, ProviderTimeout):
+        if reason == DEADLINE and isinstance(exc, ProviderTimeout):
             return DeadlineExceeded(exc.message, provider=exc.provider, status=exc.status)
         return exc
 

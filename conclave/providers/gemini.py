@@ -1,9 +1,11 @@
-"""Google Gemini generateContent wire (WIRE.md §4): `systemInstruction` + `contents` with
-roles user/model, the key in `x-goog-api-key` (never the URL), thoughts counted apart.
+"""Google Gemini generateContent wire (docs/providers.md#gemini-wire): `systemInstruction` +
+`contents` with roles user/model, the key in `x-goog-api-key` (never the URL), thoughts counted
+apart.
 
-Native tools (SPEC §7): declarations as `functionDeclarations` with `parametersJsonSchema`;
-calls are `functionCall` parts, whose model turn is repeated unchanged (thoughtSignature and
-thought parts included); results go back as one user turn of `functionResponse` parts."""
+Native tools (docs/providers.md#native-tool-calling): declarations as `functionDeclarations`
+with `parametersJsonSchema`; calls are `functionCall` parts, whose model turn is repeated
+unchanged (thoughtSignature and thought parts included); results go back as one user turn of
+`functionResponse` parts."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from conclave.providers.base import (
     Endpoint,
     ErrorDetails,
     Headers,
+    KindSpec,
     ParsedCompletion,
     as_int,
     parse_duration,
@@ -102,6 +105,16 @@ class GeminiAdapter:
             retry_after=retry_after,
             sticky_quota=_daily_quota(details),
         )
+
+
+KIND = KindSpec(
+    GeminiAdapter(),
+    native_tools=True,
+    structured_output=True,
+    streaming=False,
+    cache="implicit",
+    otel_name="gcp.gemini",
+)
 
 
 def _content(message: Message) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """OpenAI Chat Completions wire, also spoken by xAI, Mistral, Groq, DeepSeek, OpenRouter,
-Ollama, vLLM and llama.cpp. Only mapping lives here; see WIRE.md §2 for the facts."""
+Ollama, vLLM and llama.cpp. Only mapping lives here, and what the kind can do (`KIND`); the
+facts are in docs/providers.md#openai-compatible-wire."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from conclave.providers.base import (
     Endpoint,
     ErrorDetails,
     Headers,
+    KindSpec,
     ParsedCompletion,
     as_int,
     bare_model,
@@ -127,6 +129,16 @@ class OpenAIAdapter:
         return ErrorDetails(
             message=message, code=str(code) if code else None, request_id=header_text(headers, "x-request-id")
         )
+
+
+KIND = KindSpec(
+    OpenAIAdapter(),
+    native_tools=True,
+    structured_output=True,
+    streaming=False,
+    cache="cache_key",  # automatic, with prompt_cache_key to route a session to one cache
+    otel_name="openai",
+)
 
 
 def _declaration(tool: ToolDeclaration) -> dict[str, Any]:

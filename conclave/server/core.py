@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from conclave.server.tasks import TaskRecord, TaskStore
 
 SUPPORTED_VERSIONS = eras.HANDSHAKE_VERSIONS  # what `initialize` negotiates
-PLAIN_METHODS = frozenset(TOOL_NAMES)  # every tool is also a plain JSON-RPC method (SPEC §6)
+PLAIN_METHODS = frozenset(TOOL_NAMES)  # every tool is also a plain method (docs/server.md#plain-json-rpc)
 TASK_TOOLS = frozenset({"confer", "coordinate"})  # the calls long enough to run as tasks
 INSTRUCTIONS = (
     "Conclave asks several LLMs at once. Use `confer` to get every panel member's answer to one question, "
@@ -179,7 +179,8 @@ class Server:
 
     @staticmethod
     def _as_task(params: Mapping[str, Any], context: eras.Stateless) -> bool:
-        """A deliberation runs as a task for a client that said it can take one (SPEC §8)."""
+        """A deliberation runs as a task for a client that said it can take one
+        (docs/server.md#long-deliberations)."""
         return params.get("name") in TASK_TOOLS and context.declares_extension(eras.TASKS_EXTENSION)
 
     def _start_task(self, store: TaskStore, params: dict[str, Any]) -> dict[str, Any]:

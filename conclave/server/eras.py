@@ -1,4 +1,5 @@
-"""The two MCP eras a request can belong to (SPEC §8), and what the stateless one asks of a server.
+"""The two MCP eras a request can belong to (docs/server.md#mcp-both-eras), and what the stateless
+one asks of a server.
 
 - **Handshake** (2025-11-25 and older): `initialize` opens a session; requests carry no version.
 - **Stateless** (2026-07-28): every request carries its protocol version and the client's

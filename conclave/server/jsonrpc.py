@@ -18,7 +18,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-TOOL_FAILED = -32000  # a tool-level failure when a tool is called as a plain method (SPEC §6)
+TOOL_FAILED = -32000  # a tool's failure when called as a plain method (docs/server.md#plain-json-rpc)
 
 RequestId = str | int | None
 _NO_ID = object()

@@ -1,4 +1,4 @@
-"""Long tool calls as MCP tasks (the `io.modelcontextprotocol/tasks` extension, SPEC §8).
+"""Long tool calls as MCP tasks (`io.modelcontextprotocol/tasks`, docs/server.md#long-deliberations).
 
 A client that declares the extension on a stateless `tools/call` of `confer` or `coordinate` gets
 a task handle at once instead of waiting: the call runs on in the store's own task group, so it
@@ -6,8 +6,8 @@ outlives the request (and the client's patience, and its connection). `tasks/get
 `working` with who has answered so far, then `completed` with the tool result or `failed` with
 the JSON-RPC error; `tasks/cancel` stops the work. A task is kept for `tasks.ttl_seconds` after
 it was created, then forgotten. One store per serving process; with a shared state backend
-(SPEC §10) each task is also published there, so any replica can report it or cancel it, and
-the replica running it stops it when another one was asked to."""
+(docs/deploying.md#what-is-shared) each task is also published there, so any replica can report
+it or cancel it, and the replica running it stops it when another one was asked to."""
 
 from __future__ import annotations
 

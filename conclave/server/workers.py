@@ -5,8 +5,8 @@ kernel spreads new connections over them and a Python process per core does the 
 process only supervises: it holds the port (bound, never listening, so a port 0 is chosen once
 for all), starts the workers, passes their messages on, restarts one that dies, and stops them
 all on Ctrl-C or SIGTERM. What the workers share is what the state backend shares: nothing with
-`state.backend: memory` (each has its own breakers, limits, budgets and tasks), everything of
-SPEC §10 with Redis."""
+`state.backend: memory` (each has its own breakers, limits, budgets and tasks), everything that
+docs/deploying.md#what-is-shared lists with Redis."""
 
 from __future__ import annotations
 

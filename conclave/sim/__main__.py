@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from conclave.sim.server import BASE_PATHS, SimPanel
+from conclave.sim.server import SimPanel
 from conclave.simulated import set_options
 
 EXAMPLE = ["confer", "Which option?", "--review", "--synthesize"]
@@ -64,7 +64,7 @@ async def serve(args: argparse.Namespace) -> None:
         role_answers=not args.no_role_answers,
     )
     async with panel:
-        urls: dict[str, str] = {kind: panel.base_url(kind) for kind in BASE_PATHS}
+        urls = panel.base_urls()
         for kind, url in urls.items():
             print(f"{kind} {url}", flush=True)
         print("conclave-sim: simulated panel listening; Ctrl-C to stop", file=sys.stderr)

@@ -1,15 +1,15 @@
-"""Each provider's prompt caching, as the simulated panel plays it (SPEC §11), so that usage,
-the demo's totals and the benchmark show what caching does. Opt in with
-`SimPanel(caching=True)` (or `python -m conclave.sim --caching`).
+"""Each provider's prompt caching, as the simulated panel plays it, so that usage, the demo's
+totals and the benchmark show what caching does. Opt in with `SimPanel(caching=True)` (or
+`python -m conclave.sim --caching`).
 
-The rules, as the services document them (WIRE.md), per model and for the life of the panel:
-- OpenAI-style: automatic. The longest prefix a request shares with an earlier request is read
-  from the cache when it is at least 1,024 tokens, counted in steps of 128 tokens
-  (`prompt_tokens_details.cached_tokens`).
-- Anthropic: explicit. The prompt up to the last `cache_control` breakpoint (tools, then the
-  system blocks) is written to the cache the first time (`cache_creation_input_tokens`) and
+The rules, as the services document them (docs/providers.md#prompt-caching), per model and for
+the life of the panel; each wire names its own in its `CacheRule` (`conclave/sim/kinds/`):
+- automatic (OpenAI, Gemini): the longest prefix a request shares with an earlier request is
+  read from the cache when it is at least 1,024 tokens, counted in whole steps (OpenAI's are
+  128 tokens: `prompt_tokens_details.cached_tokens`; Gemini's `cachedContentTokenCount` has none).
+- breakpoints (Anthropic): the prompt up to the last `cache_control` breakpoint (tools, then
+  the system blocks) is written to the cache the first time (`cache_creation_input_tokens`) and
   read from it after (`cache_read_input_tokens`), when it is at least 1,024 tokens.
-- Gemini: implicit, like OpenAI's but without the steps (`cachedContentTokenCount`).
 Tokens are the panel's own estimate (characters / 4), as for every count it reports.
 """
 
@@ -19,8 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from conclave.sim.kinds import WIRES
+
 MIN_CACHED_TOKENS = 1024
-OPENAI_STEP_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +32,7 @@ class Cached:
 
 def prompt_of(kind: str, body: dict[str, Any]) -> str:
     """A request's cacheable prompt in the provider's own prefix order: tools, system, messages."""
-    if kind == "anthropic":
-        parts = [body.get("tools"), body.get("system"), body.get("messages")]
-    elif kind == "gemini":
-        parts = [body.get("tools"), body.get("systemInstruction"), body.get("contents")]
-    else:  # OpenAI-style: the system prompt is the first message
-        parts = [body.get("tools"), body.get("messages")]
+    parts = [body.get(name) for name in WIRES[kind].cache.prompt_fields]
     return "".join(json.dumps(p, ensure_ascii=False) for p in parts if p is not None)
 
 
@@ -60,7 +56,8 @@ class PromptCache:
         self._written: dict[str, set[str]] = {}
 
     def apply(self, kind: str, model: str, body: dict[str, Any]) -> Cached:
-        if kind == "anthropic":
+        rule = WIRES[kind].cache
+        if rule.breakpoints:
             return self._breakpoint(model, body)
         prompt = prompt_of(kind, body)
         earlier = self._seen.setdefault(model, [])
@@ -68,9 +65,10 @@ class PromptCache:
         earlier.append(prompt)
         if hit < MIN_CACHED_TOKENS:
             return Cached()
-        return Cached(read=hit - hit % OPENAI_STEP_TOKENS if kind == "openai" else hit)
+        return Cached(read=hit - hit % rule.step_tokens)
 
     def _breakpoint(self, model: str, body: dict[str, Any]) -> Cached:
+        """Anthropic's rule, on its fields: the tools and `system` blocks up to the last mark."""
         system = body.get("system")
         if not isinstance(system, list):
             return Cached()

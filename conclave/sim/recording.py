@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlencode
 
 import orjson
 
-Kind = Literal["openai", "anthropic", "gemini"]
+Kind = str  # a wire the panel speaks: a key of `conclave.sim.kinds.WIRES`
 
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key"})
 SECRET_QUERY_PARAMS = frozenset({"key"})

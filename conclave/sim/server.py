@@ -1,4 +1,5 @@
-"""The simulated panel: a real aiohttp server speaking three provider wire formats.
+"""The simulated panel: a real aiohttp server speaking every provider wire format Conclave has
+(one module per kind under `kinds/`).
 
 Conclave's own adapters talk to it over loopback exactly as they talk to real
 providers, so tests, the demo and the benchmark exercise the real HTTP path. Every
@@ -26,6 +27,7 @@ from aiohttp import web
 
 from conclave.sim import wire
 from conclave.sim.caching import Cached, PromptCache
+from conclave.sim.kinds import WIRES
 from conclave.sim.recording import (
     Kind,
     ReceivedRequest,
@@ -44,11 +46,7 @@ from conclave.sim.scenarios import (
 )
 
 SERVER_NAME: Final = "conclave-sim"
-BASE_PATHS: Final[Mapping[Kind, str]] = {
-    "openai": "/openai/v1",
-    "anthropic": "/anthropic",
-    "gemini": "/gemini",
-}
+BASE_PATHS: Final[Mapping[Kind, str]] = {kind: sim_wire.base_path for kind, sim_wire in WIRES.items()}
 MAX_REQUEST_BYTES: Final = 64 * 1024 * 1024  # long prompts in benchmarks; aiohttp's default is 1 MiB
 _NOT_JSON: Final = object()
 _DEFAULT_REPLY: Final = Reply()
@@ -126,8 +124,9 @@ class SimPanel:
         app.router.add_put("/_sim/scenarios/{model:.+}", self._put_scenario)
         # The announced paths are exact routes (a dictionary lookup); any other prefix still
         # reaches the API through the catch-all, which routes by suffix.
-        for path in (f"{BASE_PATHS['openai']}/chat/completions", f"{BASE_PATHS['anthropic']}/v1/messages"):
-            app.router.add_route("*", path, self._api)
+        for sim_wire in WIRES.values():
+            if sim_wire.exact_route is not None:
+                app.router.add_route("*", sim_wire.base_path + sim_wire.exact_route, self._api)
         app.router.add_route("*", "/{tail:.*}", self._api)
         return app
 
@@ -139,9 +138,13 @@ class SimPanel:
             raise RuntimeError("SimPanel is not listening; use `async with SimPanel() as panel`")
         return self._port
 
-    def base_url(self, kind: Literal["openai", "anthropic", "gemini"]) -> str:
+    def base_url(self, kind: Kind) -> str:
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}{BASE_PATHS[kind]}"
+
+    def base_urls(self) -> dict[Kind, str]:
+        """Every wire's base URL, by kind: what a config pointed at the panel needs."""
+        return {kind: self.base_url(kind) for kind in BASE_PATHS}
 
     def set_scenario(self, model: str, scenario: Scenario) -> None:
         self._scenarios[model] = scenario
@@ -178,7 +181,7 @@ class SimPanel:
                 kind,
                 body,
                 path_model=path_model,
-                anthropic_version=request.headers.get("anthropic-version"),
+                headers=request.headers,
             )
         except wire.WireError as exc:
             return _error_response(kind, exc.spec, model, seq)

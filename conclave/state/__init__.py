@@ -1,5 +1,5 @@
-"""State that outlives one call (SPEC §10): provider breakers, the provider concurrency limit,
-per-session egress budgets, the task store's records and the session ids in flight.
+"""State that outlives one call (docs/deploying.md): provider breakers, the provider concurrency
+limit, per-session egress budgets, the task store's records and the session ids in flight.
 
 `open_state(config, telemetry)` opens the backend the config names. `memory` (the default) is
 one process's own state, as Conclave always had. `redis` shares it with every replica that

@@ -47,7 +47,8 @@ class Slots(Protocol):
 
 
 class TaskBoard(Protocol):
-    """Where task records are seen from other replicas (SPEC §8's store, shared)."""
+    """Where task records are seen from other replicas (the task store of
+    docs/server.md#long-deliberations, shared)."""
 
     async def publish(self, task_id: str, wire: dict[str, Any], ttl_ms: int) -> None:
         """Write the task as `tasks/get` shows it; a finished task is never overwritten."""

@@ -1,5 +1,6 @@
-"""The Redis backend's atomic operations, one Lua script each (SPEC §10). Times come from
-Redis's own clock (`TIME`), so replicas on different machines agree on cooldowns and leases."""
+"""The Redis backend's atomic operations, one Lua script each (docs/deploying.md#what-is-shared).
+Times come from Redis's own clock (`TIME`), so replicas on different machines agree on cooldowns
+and leases."""
 
 from __future__ import annotations
 

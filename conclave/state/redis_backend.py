@@ -1,4 +1,4 @@
-"""State shared by every replica through Redis (SPEC §10).
+"""State shared by every replica through Redis (docs/deploying.md#replicas-sharing-state-through-redis).
 
 Nothing here costs a round trip on a provider call's usual path. Each replica keeps a mirror of
 the shared breakers (read every `_SYNC_SECONDS`, and from every reply), so a closed breaker is

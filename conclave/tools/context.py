@@ -50,7 +50,8 @@ class ToolContext:
             self.state = MemoryState(self.config, clock=self.clock)
 
     def egress(self, session_id: str | None) -> EgressBudget:
-        """The session's egress budget (SPEC §3), shared by replicas with the Redis backend."""
+        """The session's egress budget (docs/tools.md#fetch), shared by replicas with the Redis
+        backend."""
         assert self.state is not None
         return self.state.egress(session_id)
 

@@ -7,7 +7,7 @@ Nothing here does I/O or DNS. The fetcher calls, before a byte is sent:
     check_address(addr, allow_private=...)         # for target.ip, or every resolved address
     target.connect_url(addr)                       # connect to the address that was checked
 
-Every refusal is a `Blocked` whose `reason` is a SPEC §6 fetch refusal reason.
+Every refusal is a `Blocked` whose `reason` is a fetch refusal reason of docs/tools.md#fetch.
 
 Hosts are classified the way a WHATWG (browser) URL parser would: percent-decoded, NFKC
 and UTS 46 mapped, then any host whose last label is a number is an IPv4 literal in one of
@@ -54,7 +54,7 @@ MAX_URL_LENGTH = 8192
 
 
 class Blocked(Exception):
-    """A refusal. `reason` is one of the SPEC §6 fetch refusal reasons."""
+    """A refusal. `reason` is one of the fetch refusal reasons of docs/tools.md#fetch."""
 
     def __init__(self, reason: str, detail: str) -> None:
         if reason not in REASONS:

@@ -1,4 +1,4 @@
-"""`conclave ui`: a local, read-only page to look at deliberations (SPEC §12).
+"""`conclave ui`: a local, read-only page to look at deliberations (docs/ui.md).
 
 `sessions` finds sessions in the event log and the transcripts, `model` turns one into records,
 `pages` renders them as HTML (through `markup`, where text can only be text), `app` serves them

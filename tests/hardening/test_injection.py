@@ -176,7 +176,8 @@ AGENTDOJO: list[Attack] = _agentdojo()
 SERVED: dict[str, Page] = {p.id: p for p in [*NEUTRALIZE, _LANDING, *(a.page for a in AGENTDOJO)]}
 
 # What each case measured, by worker tool encoding and case id, filled as the cases run (read by the
-# figures test at the end). Every corpus case runs in both encodings (SPEC §7).
+# figures test at the end). Every corpus case runs in both encodings
+# (docs/worker-loop.md#native-tool-calling).
 MODES: tuple[ToolMode, ...] = ("tags", "native")
 _NEUTRALIZED: dict[str, dict[str, bool]] = {mode: {} for mode in MODES}
 # tool calls run, or requests made, that only tool content asked for

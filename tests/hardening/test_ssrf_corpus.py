@@ -1,6 +1,6 @@
 """F7 item 2, the SSRF corpus (`data/ssrf_corpus.json`), exercised twice:
 
-- through the `fetch` tool directly: each URL is refused with its SPEC §6 reason, a
+- through the `fetch` tool directly: each URL is refused with its reason (docs/tools.md#fetch), a
   `fetch_blocked` event is left, and the local server is never hit (redirect cases: hit
   exactly on the hops before the refused one);
 - from INSIDE a worker's tool call (a scripted model writing `<tool_call>{"name": "fetch", ...}`):
