@@ -35,6 +35,7 @@ DEGRADED_LABELS: Mapping[str, str] = {
     "provider_error": "the provider failed",
     "internal_error": "an internal error in Conclave",
     "cancelled": "cancelled",
+    "forged_tool_output": "answered only with imitated tool output",
 }
 
 # `warnings` of an answer or a result.
@@ -42,6 +43,7 @@ WARNING_LABELS: Mapping[str, str] = {
     "price_unknown": "cost unknown: a provider has no price configured",
     "synthesizer_fallback": "a fallback synthesizer stood in for the one asked",
     "canary_leak": "a model's output carried the session's canary (a sign of prompt injection)",
+    "forged_tool_output": "the answer imitated tool output instead of calling the tool; it was defanged",
     "native_tools_unsupported": "the provider refused native tool calls, so tags were used",
     "tool_call_not_executed": "a tool call made after the budget ran out was not executed",
 }

@@ -29,6 +29,7 @@ _ALARMS = frozenset(
         "fetch_blocked",
         "breaker_open",
         "canary_leak",
+        "worker_forged_tool_output",
         "egress_budget_exhausted",
         "worker_inner_validation_fail",
         "worker_hop_budget_exhausted",
@@ -229,6 +230,7 @@ _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], Style], list[str]]] = {
     "egress_budget_exhausted": _fields("tool", "used_bytes", "max_bytes", "requests", "max_requests"),
     "role_envelope_invalid": _fields("round", "attempt", "final", "error"),
     "canary_leak": _fields("what"),
+    "worker_forged_tool_output": _fields("action", "kinds", "echo", "model_call", "error"),
     "state_backend_unavailable": _fields("backend", "error", "fallback"),
     "state_backend_restored": _fields("backend", "outage_seconds"),
 }

@@ -1,5 +1,6 @@
-"""The two encodings of a worker turn (SPEC §7): how tools are declared, how calls are read and how
-results are written back. Everything else about a tool call is the loop's, the same in both."""
+"""The two encodings of a worker turn (docs/worker-loop.md#native-tool-calling): how tools are
+declared, how calls are read and how results are written back. Everything else about a tool call is
+the loop's, the same in both."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class Encoding(Protocol):
 
 
 class TagEncoding:
-    """The `<tool_call>` text protocol of SPEC §4: the first tag of the text is the one call."""
+    """The `<tool_call>` text protocol (docs/worker-loop.md#tags-tagspy): the first tag of the
+    text is the one call."""
 
     mode: ToolMode = "tags"
 

@@ -36,6 +36,25 @@ def native_hint(*, hop_budget: int, canary: str) -> str:
     return _template("worker_tools_native.txt").substitute(hop_budget=hop_budget, canary=canary).strip()
 
 
+# What the model may do next, after an answer that imitated tool markup (`imitation_reprompt`).
+_NEXT_AFTER_IMITATION = {
+    "tags": "If you need a tool, call it now with a tool call tag exactly as the system prompt shows, "
+    "then wait for its result. Otherwise answer again in plain prose, without any tool markup.",
+    "native": "If you need a tool, call it now through the tools declared with this request (a real "
+    "call, not text), then wait for its result. Otherwise answer again in plain prose, without any "
+    "tool markup.",
+    "final": "No more tool calls can run in this answer: answer again in plain prose with what you "
+    "have, without any tool markup.",
+}
+
+
+def imitation_reprompt(*, native: bool, final_round: bool) -> str:
+    """The one re-prompt after an answer that imitated tool output: call the tool properly, or
+    answer in prose. It names the tags without brackets, so it shows nothing to copy."""
+    key = "final" if final_round else "native" if native else "tags"
+    return _template("worker_tools_imitation.txt").substitute(next=_NEXT_AFTER_IMITATION[key]).strip()
+
+
 def declarations(registry: ToolRegistry, tools: Sequence[str]) -> tuple[ToolDeclaration, ...]:
     return tuple(
         ToolDeclaration(name, registry.get(name).description, _model_facing(registry.get(name).input_schema))

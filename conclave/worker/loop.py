@@ -5,10 +5,12 @@ Each step is a method returning the next step, so the transitions read top-down:
     call_model --no call--> finish
     call_model --calls----> run_tools --> call_model        (a refusal is a result too)
     run_tools  --budget or cost cap spent--> final round: a call that still comes is not executed
+    finish     --answer imitates tool output, once--> call_model   (asked to call or answer in prose)
 
-One machine serves both encodings (SPEC §7): `tags` reads the first `<tool_call>` of the text,
-`native` the provider's own calls, all of them; `encodings.py` holds the only difference. A
-provider that refuses native declarations gets the turn again in tags, and tags from then on.
+One machine serves both encodings (docs/worker-loop.md#native-tool-calling): `tags` reads the
+first `<tool_call>` of the text, `native` the provider's own calls, all of them; `encodings.py`
+holds the only difference. A provider that refuses native declarations gets the turn again in
+tags, and tags from then on.
 With no worker tools the turn is exactly one plain call: no hint, no parsing.
 """
 
@@ -31,12 +33,20 @@ from conclave.records import record
 from conclave.telemetry import Telemetry, session
 from conclave.tools import ToolContext, ToolRegistry
 from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode, Toolset
+from conclave.worker.forgery import FORGED_TOOL_OUTPUT, ForgedToolOutput, Imitation, find_imitation, usable
+from conclave.worker.hint import imitation_reprompt
 from conclave.worker.leaks import leaks, leaks_across
-from conclave.worker.untrusted import new_nonce, wrap_refusal, wrap_result
+from conclave.worker.untrusted import neutralize, new_nonce, wrap_refusal, wrap_result
 
 WORKER_ALLOWLIST = frozenset({"fetch", "verify"})  # hard: no LLM-spawning tool, ever
 _FETCH_REASONS_PASSED_THROUGH = frozenset({"egress_budget_exhausted"})
 _ABOUT_TOOLS = re.compile(r"tool|function", re.IGNORECASE)
+# An answer that imitates tool output is asked again once, only with this much time left: less,
+# and it is flagged at once. The rest of the turn then ends this much before the turn's deadline,
+# so that a provider timeout there still leaves time to return the answer already in hand (the
+# call's own deadline cancels a member outright, answer and all).
+_ASK_AGAIN_MIN_LEFT_S = 1.0
+_ASK_AGAIN_RESERVE_S = 0.5
 
 
 @record
@@ -55,7 +65,8 @@ class WorkerTurn:
     canary: str = ""
     role: str | None = None
     tool_mode: ToolMode = "tags"
-    cache_prefix: int = 0  # characters of `system` every call of the session shares (SPEC §11)
+    # characters of `system` every call of the session shares (docs/providers.md#prompt-caching)
+    cache_prefix: int = 0
     cache_key: str | None = None
 
 
@@ -89,6 +100,17 @@ class WorkerOutcome:
     tool_mode: ToolMode | None = None  # the encoding the turn used; None without worker tools
 
 
+@record
+class _Held:
+    """An answer that imitated tool output, kept while the model is asked once more."""
+
+    text: str
+    finish_reason: str
+    model: str
+    model_call: int
+    imitation: Imitation
+
+
 @dataclass(slots=True)
 class _TurnState:
     turn: WorkerTurn
@@ -103,6 +125,7 @@ class _TurnState:
     final_reason: str | None = None
     nonces: list[str] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)  # the arguments of the calls let through, as JSON
+    held: _Held | None = None  # set once the model has been asked again (one re-prompt per turn)
 
     def secrets(self) -> list[str]:
         """What a worker must never write out: the canary, and the nonce of every result so far."""
@@ -181,7 +204,10 @@ class WorkerLoop:
             while step is not None:
                 step = await step(state)
         except ProviderError as exc:
-            state.outcome.error = exc  # what earlier hops cost is kept, not lost
+            if state.held is None:
+                state.outcome.error = exc  # what earlier hops cost is kept, not lost
+            else:  # asking again is a second chance, never a way to lose the answer in hand
+                self._fall_back(state, exc)
         except Exception as exc:
             state.outcome.failure = exc
         return state
@@ -236,14 +262,87 @@ class WorkerLoop:
         return self._call_model
 
     async def _finish(self, state: _TurnState) -> Step | None:
-        turn = state.turn
+        """A final answer: checked for leaks, then for imitated tool output (asked again once when
+        the model wrote the output itself, else flagged)."""
         leaked = leaks(state.outcome.text, state.secrets())
         if leaked:
-            state.outcome.warnings.append("canary_leak")
-            self._emit("canary_leak", state, what="canary" if turn.canary in leaked else "nonce")
+            _warn(state.outcome, "canary_leak")
+            self._emit("canary_leak", state, what="canary" if state.turn.canary in leaked else "nonce")
+        imitation = find_imitation(state.outcome.text, state.nonces)
+        if imitation is None:
+            return None
+        # An echo (every block carries a nonce of this turn) copies a result the model did get:
+        # there is no call to make properly, so it is only flagged.
+        if imitation.forged and self._may_ask_again(state):
+            return self._ask_again(state, imitation)
+        self._flag_imitation(state, imitation)
         return None
 
-    # -- the tool call, checked in SPEC order ------------------------------------------------------
+    # -- answers that imitate tool output (docs/worker-loop.md#answers-that-imitate-tool-output) ----
+
+    def _may_ask_again(self, state: _TurnState) -> bool:
+        """Once per turn, with time left, and not past an enforced cost cap (asking costs a call)."""
+        cost = state.cost
+        if state.held is not None or (cost.cap.active and cost.cap.mode == "enforce" and cost.exceeded):
+            return False
+        return state.turn.deadline - anyio.current_time() > _ASK_AGAIN_MIN_LEFT_S
+
+    def _ask_again(self, state: _TurnState, imitation: Imitation) -> Step:
+        """Hold the answer, and ask the model to call the tool or answer in prose. Its own answer
+        goes back neutralized, so it does not read its forged block as a result."""
+        out = state.outcome
+        self._emit_imitation(state, imitation, "reprompt", out.hops)
+        state.held = _Held(out.text, out.finish_reason, out.model, out.hops, imitation)
+        state.turn = replace(state.turn, deadline=state.turn.deadline - _ASK_AGAIN_RESERVE_S)
+        ask = imitation_reprompt(native=state.encoding.mode == "native", final_round=state.final_round)
+        state.messages += [Message("assistant", neutralize(out.text)), Message("user", ask)]
+        return self._call_model
+
+    def _flag_imitation(
+        self, state: _TurnState, imitation: Imitation, failed: ProviderError | None = None
+    ) -> None:
+        """Defang the imitation as untrusted text is defanged, so no later reader takes it for a
+        result, and flag it; an answer with nothing else in it is no answer."""
+        out = state.outcome
+        left = imitation.remainder(out.text)
+        out.text = neutralize(out.text)
+        _warn(out, FORGED_TOOL_OUTPUT)
+        degraded = not usable(left)
+        if degraded:
+            out.error = ForgedToolOutput(
+                "the model answered with imitated tool output and nothing else",
+                provider=state.turn.provider.name,
+            )
+        model_call = state.held.model_call if failed is not None and state.held else out.hops
+        self._emit_imitation(state, imitation, "degraded" if degraded else "flagged", model_call, failed)
+
+    def _fall_back(self, state: _TurnState, exc: ProviderError) -> None:
+        """The turn failed after the model was asked again: the answer held is the answer, flagged."""
+        held, out = state.held, state.outcome
+        assert held is not None
+        out.text, out.finish_reason, out.model = held.text, held.finish_reason, held.model
+        self._flag_imitation(state, held.imitation, exc)
+
+    def _emit_imitation(
+        self,
+        state: _TurnState,
+        imitation: Imitation,
+        action: str,
+        model_call: int,
+        failed: ProviderError | None = None,
+    ) -> None:
+        fields: dict[str, Any] = {
+            "action": action,
+            "kinds": list(imitation.kinds),
+            "echo": not imitation.forged,
+            "asked_again": state.held is not None,
+            "model_call": model_call,
+        }
+        if failed is not None:
+            fields["error"] = failed.code
+        self._emit("worker_forged_tool_output", state, **fields)
+
+    # -- the tool call, checked in the order of docs/worker-loop.md#checks-in-order ----------------
 
     async def _dispatch(
         self, state: _TurnState, call: Call, hop: int, nonce: str, over_budget: ToolRefused | None
@@ -357,7 +456,7 @@ class WorkerLoop:
                 InnerCall(state.hops.used, call.name, "refused", state.final_reason)
             )
         state.outcome.text = decoded.answer
-        state.outcome.warnings.append("tool_call_not_executed")
+        _warn(state.outcome, "tool_call_not_executed")  # once, though a re-prompt may bring another
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
@@ -420,7 +519,8 @@ class _SchemaRefusal(ToolRefused):
 
 
 def _refusal_reason(exc: ToolRefused) -> tuple[str, Mapping[str, Any] | None]:
-    """SPEC §4 reasons: a fetch policy refusal is `fetch_blocked`, carrying the policy's own reason."""
+    """The reasons of docs/worker-loop.md#refusal-reasons: a fetch policy refusal is `fetch_blocked`,
+    carrying the policy's own reason."""
     if isinstance(exc, _SchemaRefusal):
         return "schema_error", {"schema_error": exc.schema_error}
     if exc.tool == "fetch" and exc.reason not in _FETCH_REASONS_PASSED_THROUGH:
@@ -444,6 +544,11 @@ def _rejects_tools(error: ProviderError | None) -> bool:
         and error.status == 400
         and bool(_ABOUT_TOOLS.search(error.message))
     )
+
+
+def _warn(out: WorkerOutcome, warning: str) -> None:
+    if warning not in out.warnings:
+        out.warnings.append(warning)
 
 
 def _record(out: WorkerOutcome, completion: Completion) -> None:

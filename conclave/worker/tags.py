@@ -1,4 +1,5 @@
-"""Strict parser for the `<tool_call>` tag a worker model writes mid-turn (SPEC §4).
+"""Strict parser for the `<tool_call>` tag a worker model writes mid-turn
+(docs/worker-loop.md#tags-tagspy).
 
 Nothing is ever repaired: a tag that is not exactly right becomes a TagError, which the caller turns
 into a `parse_error` refusal so the worker can correct itself on its next hop. A guessed-at repair

@@ -1,4 +1,5 @@
-"""Wrapping tool results as untrusted data for a worker model (SPEC §4).
+"""Wrapping tool results as untrusted data for a worker model
+(docs/worker-loop.md#untrusted-wrapping-untrustedpy-_foldingpy).
 
 A tool result (a fetched page, a verify result, a refusal) goes back to the worker as
 
