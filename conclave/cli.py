@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--latency-ms", type=float, default=250.0, help="simulated model latency (default: 250)"
     )
+    demo.add_argument(
+        "--local",
+        action="store_true",
+        help="ask a real model on this machine instead: SmolLM2 on llama.cpp (docs/local-models.md)",
+    )
     demo.set_defaults(handler=cmd_demo)
     return parser
 
@@ -394,8 +399,7 @@ async def _maybe_simulated(config: Config, simulated: bool) -> AsyncIterator[Con
     from conclave.simulated import simulated_config
 
     async with SimPanel() as panel:
-        urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
-        yield simulated_config(config, urls)
+        yield simulated_config(config, panel.base_urls())
 
 
 def _check_dict(check: ProviderCheck) -> dict[str, Any]:
@@ -806,10 +810,18 @@ def is_loopback(host: str) -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     from conclave.demo import main as demo_main
 
+    if args.local:
+        return _demo_local(args)
     config = _load(args)
     return demo_main(
         config, latency_ms=args.latency_ms, out=sys.stdout, err=sys.stderr, ui_command=_ui_command(args)
     )
+
+
+def _demo_local(args: argparse.Namespace) -> int:
+    from conclave.demo import main_local
+
+    return main_local(_load(args), out=sys.stdout, err=sys.stderr, ui_command=_ui_command(args))
 
 
 def _ui_command(args: argparse.Namespace) -> str:

@@ -5,8 +5,9 @@ Everything real runs: the provider adapters over loopback HTTP, the worker tool 
 `fetch` (reaching a tiny local page, allowed through `fetch.allow_private`), `verify`, role envelopes,
 telemetry and transcripts. Only the models are fake: each simulated member is scripted below with
 `Rule`s keyed on what its last message contains, so the same script serves every call it gets.
-Two members call their tools natively (structured calls, SPEC §7); the third is set to the
-`<tool_call>` tag protocol, the fallback for servers without tool support, so both encodings show.
+Two members call their tools natively (structured calls, docs/worker-loop.md#native-tool-calling);
+the third is set to the `<tool_call>` tag protocol, the fallback for servers without tool support,
+so both encodings show.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from conclave.config import Config
+from conclave.config import Config, ProviderConfig, RolesConfig
 from conclave.deliberation import review
 from conclave.render import Deliberation, progress_for, render, wants_colour
 from conclave.runner import run_tool
@@ -237,8 +238,7 @@ def reviewer_envelope(session_id: str, reviewer: str) -> dict[str, Any]:
 def demo_config(base: Config, panel: SimPanel, page_port: int) -> Config:
     """The simulated members (TAGGER on the tag protocol), plus a fetch policy that lets them reach
     the local page (and nothing else private: only 127.0.0.1 and only the page's port are added)."""
-    urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
-    config = simulated_config(base, urls)
+    config = simulated_config(base, panel.base_urls())
     tagger = dataclasses.replace(config.providers[TAGGER], tool_mode="tags")
     return allow_local_page(
         dataclasses.replace(config, providers={**config.providers, TAGGER: tagger}), page_port
@@ -516,3 +516,102 @@ def main(base: Config, *, latency_ms: float, out: TextIO, err: TextIO, ui_comman
     print(SIMULATED_BANNER, file=out, flush=True)
     run = anyio.run(functools.partial(run_demo, base, latency_ms=latency_ms, progress=err))
     return report(run, out, wants_colour(out), ui_command)
+
+
+# ---------------------------------------------------------------- `conclave demo --local`: a real model
+
+# One llama.cpp server, three members: each names its model after itself, and PersonaTransport adds
+# its own system prompt (conclave/local.py says why it takes a transport).
+LOCAL_PERSONAS = {
+    "local-brief": "Answer in at most two short sentences.",
+    "local-careful": "You are a careful engineer: name one risk first, then answer.",
+    "local-contrarian": "Argue briefly for the option most people would not pick first.",
+}
+LOCAL_QUESTION = "Should a three-person team run its own message queue, or use a managed one?"
+LOCAL_MAX_TOKENS = 120
+LOCAL_TIMEOUT_SECONDS = 120  # a slow or busy CPU still finishes; the answers are capped anyway
+LOCAL_BANNER = (
+    "Conclave demo - LOCAL MODEL. llama.cpp's server runs SmolLM2-135M-Instruct on this machine, on\n"
+    "loopback: nothing leaves it and no API key is needed. Three members share the one server, each\n"
+    "with its own system prompt. A 135M-parameter model answers fast and often wrongly: the point is\n"
+    "a real model's text, usage and speed through the whole stack."
+)
+
+
+def local_config(base: Config, openai_base_url: str) -> Config:
+    """`base` with its providers, panel and roles replaced by the members on the local server."""
+    providers = {
+        name: ProviderConfig(
+            name=name, kind="openai", model=name, base_url=openai_base_url, api_key_env=None, tool_mode="tags"
+        )
+        for name in LOCAL_PERSONAS
+    }
+    names = tuple(providers)
+    roles = RolesConfig(
+        proposer=names[0], critics=names[1:], synthesizer=names[1], synthesizer_fallbacks=(names[0], names[2])
+    )
+    source = f"{base.source} (providers replaced by the local model)"
+    return dataclasses.replace(base, providers=providers, panel=names, roles=roles, source=source)
+
+
+async def run_local_demo(base: Config, *, progress: TextIO | None, out: TextIO) -> dict[str, Any]:
+    """The confer on the local model; the server is stopped before this returns."""
+    from conclave.local import PersonaTransport, local_server  # the simulated demo never needs it
+
+    async with local_server() as server:
+        print(f"llama.cpp listens on {server.openai_base_url} (pid {server.pid})", file=out, flush=True)
+        config = local_config(base, server.openai_base_url)
+        async with open_runtime(config, transport=PersonaTransport(LOCAL_PERSONAS)) as runtime:
+            args = {
+                "question": LOCAL_QUESTION,
+                "max_tokens": LOCAL_MAX_TOKENS,
+                "timeout_seconds": LOCAL_TIMEOUT_SECONDS,
+                "session_id": f"demo-local-{uuid.uuid4().hex[:6]}",
+            }
+            return await _call(runtime, "confer", args, progress)
+
+
+def speed_lines(result: Mapping[str, Any]) -> list[str]:
+    """Tokens per second: each member's output over its own latency, and the panel's over the call's
+    (the server generates the three answers at once)."""
+    lines = []
+    for answer in result.get("answers") or []:
+        tokens, seconds = answer["usage"]["output_tokens"], answer["latency_ms"] / 1000
+        lines.append(f"  {answer['provider']:<18}{_speed(tokens, seconds)}")
+    total, seconds = result["usage"]["output_tokens"], result["latency_ms"] / 1000
+    lines.append(f"  {'the panel':<18}{_speed(total, seconds)}")
+    return lines
+
+
+def _speed(tokens: int, seconds: float) -> str:
+    rate = tokens / seconds if seconds > 0 else 0.0
+    return f"{tokens:>5} output tokens in {seconds:5.1f} s: {rate:6.1f} tokens/s"
+
+
+def report_local(result: Mapping[str, Any], out: TextIO, colour: bool, ui_command: str) -> int:
+    """The answers, their speed and where to look next; 0 when every member answered."""
+    _section(out, "confer: three members on the local model")
+    print(render("confer", result, colour=colour), file=out)
+    _section(out, "speed, from each answer's usage and latency")
+    print("\n".join(speed_lines(result)), file=out)
+    print(f"\nsession {result['session_id']}: see it with  {ui_command}", file=out)
+    missing = [a["provider"] for a in result.get("answers") or [] if a["status"] != "ok"]
+    if missing:
+        print(f"\ndemo --local: FAILED - no answer from {', '.join(missing)}", file=out)
+        return 1
+    print("\ndemo --local: ok - three real answers from the local model", file=out)
+    return 0
+
+
+def main_local(base: Config, *, out: TextIO, err: TextIO, ui_command: str = UI_COMMAND) -> int:
+    """`conclave demo --local`: 2 when the local model is not installed (the message says how)."""
+    from conclave.local import LocalModelUnavailable, LocalServerFailed, model_path
+
+    try:
+        model_path()  # missing packages are said first, with how to install them
+        print(LOCAL_BANNER, file=out, flush=True)
+        result = anyio.run(functools.partial(run_local_demo, base, progress=err, out=out))
+    except (LocalModelUnavailable, LocalServerFailed) as exc:
+        print(f"conclave demo --local: {exc}", file=err)
+        return 2 if isinstance(exc, LocalModelUnavailable) else 1
+    return report_local(result, out, wants_colour(out), ui_command)

@@ -61,6 +61,7 @@ def test_providers_say_how_each_encodes_worker_tools(tmp_path: Path) -> None:
     rows = {row["name"]: row for row in json.loads(conclave("providers", "--json", cwd=tmp_path).stdout)}
     assert {rows[n]["tool_mode"] for n in ("openai", "anthropic", "gemini", "groq")} == {"native"}
     assert rows["ollama"]["tool_mode"] == "tags", "the shipped Ollama preset keeps the tag protocol"
+    assert rows["llamacpp"]["tool_mode"] == "tags", "so does llama.cpp's"
     tags = conclave("providers", "--set", "worker_tools.mode=tags", "--json", cwd=tmp_path)
     assert {row["tool_mode"] for row in json.loads(tags.stdout)} == {"tags"}
 

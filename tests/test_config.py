@@ -43,10 +43,14 @@ def test_packaged_default_config_is_valid_and_has_every_preset() -> None:
         "deepseek",
         "openrouter",
         "ollama",
+        "llamacpp",
     }
     assert config.providers["ollama"].api_key_env is None
     assert config.providers["ollama"].base_url == "http://127.0.0.1:11434/v1"
     assert config.providers["ollama"].price is None
+    llamacpp = config.providers["llamacpp"]
+    assert (llamacpp.api_key_env, llamacpp.price, llamacpp.tool_mode) == (None, None, "tags")
+    assert llamacpp.base_url == "http://127.0.0.1:8080/v1" and llamacpp.prompt_cache_key is False
     assert config.providers["anthropic"].price is not None
     assert config.providers["anthropic"].price.cache_write_per_mtok == 3.75
     assert config.panel == ("openai", "anthropic", "gemini")
@@ -269,4 +273,4 @@ def test_an_error_in_the_file_still_names_the_file(write_config: Write) -> None:
 def test_a_users_own_providers_come_before_the_presets(write_config: Write) -> None:
     config = load_config(str(write_config(MINIMAL)), env={}, dotenv=None)
     assert list(config.providers)[:2] == ["a", "openai"]
-    assert config.providers["a"].api_key_env == "A_KEY" and len(config.providers) == 10
+    assert config.providers["a"].api_key_env == "A_KEY" and len(config.providers) == 11
