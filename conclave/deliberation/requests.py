@@ -75,4 +75,15 @@ def request_from(kind: type[Request], arguments: Mapping[str, Any]) -> Request:
 
 def request_fields(kind: type[CallRequest]) -> tuple[str, ...]:
     """The argument names a request holds (its tool's input schema's properties)."""
+    return _FIELDS.get(kind) or _names(kind)
+
+
+def _names(kind: type[CallRequest]) -> tuple[str, ...]:
     return tuple(f.name for f in fields(kind) if f.name != "arguments")
+
+
+# Read once: dataclasses.fields() walks a class's fields on every call, and a request is built
+# per call.
+_FIELDS: dict[type[CallRequest], tuple[str, ...]] = {
+    kind: _names(kind) for kind in (ConferRequest, CoordinateRequest)
+}
