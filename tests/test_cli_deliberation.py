@@ -33,12 +33,15 @@ SYNTHESIS = {
 }
 
 
-def conclave(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def conclave(
+    *args: str, cwd: Path, timeout: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
     return subprocess.run(
         [sys.executable, "-m", "conclave", *args],
         cwd=cwd,
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -333,32 +336,18 @@ def test_a_confer_nobody_answers_exits_3_and_says_so(workdir: Path, panel: Panel
 def test_the_question_and_the_context_can_come_from_stdin_and_files(workdir: Path, panel: Panel) -> None:
     question = "Which queue? " + "x" * 300_000  # longer than a shell allows one argument (128 KiB)
     (workdir / "context.txt").write_text("The team has three people.", encoding="utf-8")
-    result = conclave_with_stdin(
-        ["confer", "-", "--context-file", "context.txt", "--providers", "alpha", "--json"],
-        question[:199_000],
+    result = conclave(
+        *("confer", "-", "--context-file", "context.txt", "--providers", "alpha", "--json"),
         cwd=workdir,
+        stdin=question[:199_000],
     )
     assert result.returncode == 0, result.stderr
     sent = json.dumps(httpx.get(f"{panel.root}/_sim/requests").json()[-1]["body"])
     assert "Which queue? xxx" in sent and "The team has three people." in sent
-    both = conclave_with_stdin(["coordinate", "-", "--context-file", "-"], "t", cwd=workdir)
+    both = conclave("coordinate", "-", "--context-file", "-", cwd=workdir, stdin="t")
     assert both.returncode == 2 and "cannot both read standard input" in both.stderr
     missing = conclave("confer", "q", "--context-file", "nope.txt", cwd=workdir)
     assert missing.returncode == 2 and "cannot read the context from 'nope.txt'" in missing.stderr
-
-
-def conclave_with_stdin(args: list[str], text: str, *, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "CONCLAVE_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-m", "conclave", *args],
-        cwd=cwd,
-        env=env,
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("blank", ["   ", "\n\t "])
