@@ -250,7 +250,9 @@ async def test_the_tag_protocol_survives_a_real_models_text(
         assert answer["error"]["code"] == "forged_tool_output", answer
         assert out["degraded_reasons"][0]["code"] == "forged_tool_output"
     assert answer["tool_mode"] == "tags"
-    assert len(answer["inner_tool_calls"]) <= budget and answer["hops"] <= budget + 1
+    # Model calls: one per tool call the budget allows, the final round, and at most one more
+    # when an answer imitated tool output and was asked again (docs/worker-loop.md).
+    assert len(answer["inner_tool_calls"]) <= budget and answer["hops"] <= budget + 2
     assert {call["status"] for call in answer["inner_tool_calls"]} <= {"ok", "refused", "error"}
     assert "<tool_result" not in (answer["text"] or ""), (
         "a result block the model wrote is never shown as real"
