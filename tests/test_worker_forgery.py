@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from conclave.worker.forgery import find_imitation
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
 from conclave.worker.untrusted import find_live_markup, neutralize
 from tests.support import read_events, system_text
+from tests.test_worker_native import worlds
 
 pytestmark = pytest.mark.anyio
 
@@ -114,38 +114,9 @@ def test_a_block_carrying_a_nonce_of_the_turn_is_an_echo_not_a_forgery() -> None
 # -- through the simulated panel ------------------------------------------------------------------------
 
 
-class World:
-    def __init__(self, panel: SimPanel, runtime: Runtime) -> None:
-        self.panel, self.runtime = panel, runtime
-
-    async def turn(self, mode: ToolMode) -> WorkerOutcome:
-        return await self.runtime.worker.run(
-            WorkerTurn(
-                provider=self.runtime.providers.get("w"),
-                messages=(Message("user", QUESTION),),
-                deadline=anyio.current_time() + 20,
-                session_id="forged-1",
-                tools=("verify",),
-                cost_cap=CostCap(1.0, "warn"),
-                canary=CANARY,
-                tool_mode=mode,
-            )
-        )
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [r.body for r in self.panel.received]
-
-
 @pytest.fixture
 def world(make_config: Callable[..., Config]) -> Callable[..., Any]:
-    @asynccontextmanager
-    async def open_world(kind: str, scenario: Scenario) -> AsyncIterator[World]:
-        async with SimPanel(scenarios={"w1": scenario}) as panel:
-            entry = {"kind": kind, "model": "w1", "base_url": panel.base_url(kind), "price": PRICE}
-            async with open_runtime(make_config({"w": entry})) as runtime:
-                yield World(panel, runtime)
-
-    return open_world
+    return worlds(make_config)
 
 
 def verify_call(mode: ToolMode) -> Reply:
@@ -183,7 +154,7 @@ async def test_a_forged_answer_is_asked_again_once_and_a_proper_reply_is_a_clean
     reply = verify_call(mode) if second == "a real call" else Reply(text=PROSE)
     scenario = Scenario(replies=(Reply(text=FORGED_ANSWER), reply), rules=(ANSWER_FROM_RESULT,))
     async with world(kind, scenario) as w:
-        out = await w.turn(mode)
+        out = await w.turn(mode, question=QUESTION, system=None)
         bodies = w.bodies()
 
     assert out.error is None and out.failure is None and out.tool_mode == mode
@@ -210,7 +181,7 @@ async def test_forged_twice_the_answer_is_flagged_and_its_blocks_defanged(
     world: Callable[..., Any], events_path: Path, kind: str, mode: ToolMode
 ) -> None:
     async with world(kind, Scenario(replies=(Reply(text=FORGED_ANSWER),))) as w:
-        out = await w.turn(mode)
+        out = await w.turn(mode, question=QUESTION, system=None)
 
     assert out.error is None, "something besides the forged blocks is left: the answer stands"
     assert out.hops == 2 and calls(out) == []
@@ -229,7 +200,7 @@ async def test_forged_twice_with_nothing_else_is_an_error_answer(
     world: Callable[..., Any], events_path: Path, kind: str, mode: ToolMode
 ) -> None:
     async with world(kind, Scenario(replies=(Reply(text=FORGED_RESULT),))) as w:
-        out = await w.turn(mode)
+        out = await w.turn(mode, question=QUESTION, system=None)
 
     assert out.error is not None and out.error.code == "forged_tool_output"
     assert out.hops == 2 and out.warnings == ["forged_tool_output"]
@@ -245,7 +216,7 @@ async def test_an_echo_of_a_real_result_is_flagged_without_asking_again(
         replies=(verify_call(mode),), rules=(Rule("<tool_result", Reply(text="Got: {last}")),)
     )
     async with world("openai", scenario) as w:
-        out = await w.turn(mode)
+        out = await w.turn(mode, question=QUESTION, system=None)
 
     assert out.error is None and out.hops == 2 and calls(out) == [("verify", "ok")]
     assert set(out.warnings) == {"canary_leak", "forged_tool_output"}, "the echo carries the nonce too"
@@ -259,7 +230,7 @@ async def test_when_asking_again_fails_the_answer_in_hand_stands_flagged(
 ) -> None:
     refused = Reply(status=400, error_type="invalid_request_error", error_message="bad input")
     async with world("anthropic", Scenario(replies=(Reply(text=FORGED_ANSWER), refused))) as w:
-        out = await w.turn("native")
+        out = await w.turn("native", question=QUESTION, system=None)
 
     assert out.error is None, "a second chance never loses the answer in hand"
     assert out.text == neutralize(FORGED_ANSWER) and out.warnings == ["forged_tool_output"]
@@ -273,7 +244,7 @@ async def test_the_native_hint_describes_the_wrapping_without_a_sample_to_copy(
     world: Callable[..., Any], kind: str
 ) -> None:
     async with world(kind, Scenario(replies=(Reply(text=PROSE),))) as w:
-        await w.turn("native")
+        await w.turn("native", question=QUESTION, system=None)
         (body,) = w.bodies()
 
     system = system_text(kind, body)

@@ -45,14 +45,21 @@ class World:
     def __init__(self, panel: SimPanel, runtime: Runtime) -> None:
         self.panel, self.runtime = panel, runtime
 
-    async def turn(self, mode: ToolMode, *, tools: tuple[str, ...] = ("verify",)) -> WorkerOutcome:
+    async def turn(
+        self,
+        mode: ToolMode,
+        *,
+        tools: tuple[str, ...] = ("verify",),
+        question: str = "Is 6*7 42?",
+        system: str | None = "Be brief.",
+    ) -> WorkerOutcome:
         return await self.runtime.worker.run(
             WorkerTurn(
                 provider=self.runtime.providers.get("w"),
-                messages=(Message("user", "Is 6*7 42?"),),
+                messages=(Message("user", question),),
                 deadline=anyio.current_time() + 20,
                 session_id="native-1",
-                system="Be brief.",
+                system=system,
                 tools=tools,
                 cost_cap=CostCap(1.0, "warn"),
                 canary=CANARY,
@@ -66,6 +73,13 @@ class World:
 
 @pytest.fixture
 def world(make_config: Callable[..., Config]) -> Callable[..., Any]:
+    return worlds(make_config)
+
+
+def worlds(make_config: Callable[..., Config]) -> Callable[..., Any]:
+    """`world(kind, scenario)`: the simulated panel playing `scenario` for one member `w` of
+    that kind, and a runtime on it (shared with tests/test_worker_forgery.py)."""
+
     @asynccontextmanager
     async def open_world(kind: str, scenario: Scenario, **sections: Any) -> AsyncIterator[World]:
         async with SimPanel(scenarios={"w1": scenario}) as panel:
