@@ -273,7 +273,9 @@ ESSAY_TOKENS = 200
 @needs_model
 @pytest.mark.xfail(
     raises=GenerationOutlivedTheCall,
-    strict=True,
+    # Not strict: an answer that reaches its end (max_tokens or the model's own stop) within the
+    # 3 s this test waits looks the same from outside as a stopped one (CI saw it pass once).
+    strict=False,
     reason="llama.cpp (xllamacpp 2026.10.11549) stops a generation whose client hung up only when the "
     "request is streamed; Conclave reads answers whole, so a cancelled call's generation runs on to "
     "max_tokens (bounded, and checked here). Remove this mark when the openai adapter streams.",
