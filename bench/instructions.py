@@ -118,17 +118,21 @@ def in_memory_transport(hop: str | None = None) -> Any:
     """A provider transport answering at once from memory. With `hop` (tags | native) it answers
     like a model making one verify call in that encoding: the call while the conversation holds
     no tool result, then the final answer."""
-    from conclave.http import ProviderTransport
-
     plain = (200, ANSWER_HEADERS, ANSWER)
     first = plain if hop is None else VERIFY_REPLIES[hop]  # the call, until its result is sent
 
-    class InMemory(ProviderTransport):
+    class InMemory:  # no request or response objects: the cost counted is Conclave's own
         async def exchange(
             self, _method: str, _url: str, _headers: Any, body: bytes, **_kwargs: Any
         ) -> tuple[int, Any, bytes]:
             await asyncio.sleep(0)  # a real exchange suspends the caller at least once
             return plain if hop is None or HOP_DONE in body else first
+
+        def stream(self, *_args: Any, **_kwargs: Any) -> Any:
+            raise NotImplementedError("the benchmark's members fetch nothing")
+
+        async def aclose(self) -> None:
+            pass
 
     return InMemory()
 

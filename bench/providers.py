@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ import orjson
 
 from bench.panel import panel_process
 from conclave.config import Config, load_config
-from conclave.http import make_http_client
+from conclave.http import AiohttpTransport
 from conclave.messages import CompletionRequest
 from conclave.providers import ADAPTERS, ProviderClient, ProviderPool
 from conclave.schemas import data_path
@@ -67,8 +68,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         base = load_config(str(data_path("config.yaml")), env={}, dotenv=None)
         config: Config = simulated_config(base, urls)
         telemetry = Telemetry(None)
-        async with make_http_client() as http, aiohttp.ClientSession() as session:
-            pool = ProviderPool(config, http=http, telemetry=telemetry)
+        transport = AiohttpTransport()
+        async with contextlib.aclosing(transport), aiohttp.ClientSession() as session:
+            pool = ProviderPool(config, transport=transport, telemetry=telemetry)
             clients: dict[str, ProviderClient] = {
                 pool.get(name).entry.kind: pool.get(name) for name in config.providers
             }

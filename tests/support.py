@@ -1,4 +1,4 @@
-"""Test helpers: wire samples served through an httpx MockTransport, and a pool builder."""
+"""Test helpers: wire samples served through the in-memory transport, and a pool builder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from conclave.config import Config
-from conclave.http import make_http_client
+from conclave.http import AiohttpTransport, MemoryTransport, Transport
 from conclave.providers import ProviderPool
 from conclave.telemetry import Telemetry
 
@@ -29,7 +29,7 @@ def sample_response(name: str) -> httpx.Response:
     return httpx.Response(sample["status"], headers=sample["headers"], json=sample["body"])
 
 
-class ScriptedTransport(httpx.MockTransport):
+class ScriptedTransport(MemoryTransport):
     """Answers the n-th request with the n-th step (the last one repeats) and records requests."""
 
     def __init__(self, *steps: Step) -> None:
@@ -48,13 +48,15 @@ class ScriptedTransport(httpx.MockTransport):
 
 @contextlib.asynccontextmanager
 async def open_pool(
-    config: Config, transport: httpx.AsyncBaseTransport, **kwargs: Any
+    config: Config, transport: Transport | None = None, **kwargs: Any
 ) -> AsyncIterator[ProviderPool]:
+    """A pool over `transport`, by default the production one (real HTTP), closed afterwards."""
     telemetry = Telemetry(config.telemetry.path, secrets=config.secrets.values())
+    transport = transport or AiohttpTransport()
     try:
-        async with make_http_client(transport=transport) as http:
-            yield ProviderPool(config, http=http, telemetry=telemetry, **kwargs)
+        yield ProviderPool(config, transport=transport, telemetry=telemetry, **kwargs)
     finally:
+        await transport.aclose()
         telemetry.close()
 
 

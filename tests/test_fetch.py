@@ -16,6 +16,7 @@ from aiohttp import web
 
 from conclave.config import Config
 from conclave.errors import InvalidArguments, ToolRefused
+from conclave.http import MemoryTransport, Transport
 from conclave.runtime import Runtime, open_runtime
 from conclave.schemas import first_error
 from tests.support import read_events
@@ -147,7 +148,7 @@ def runtime_for(make_config: Callable[..., Config], site: Site) -> Callable[...,
     def open_for(
         *,
         private: bool = True,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
         resolver: Any = fake_resolver,
         **fetch: Any,
     ) -> Any:
@@ -407,7 +408,7 @@ async def test_dns_rebinding_never_gets_a_connection_to_the_rebound_address(
         seen.append(request)
         return httpx.Response(200, text="public page", headers={"content-type": "text/plain"})
 
-    async with runtime_for(private=False, transport=httpx.MockTransport(upstream), resolver=rebinding) as rt:
+    async with runtime_for(private=False, transport=MemoryTransport(upstream), resolver=rebinding) as rt:
         result = await fetch(rt, "https://rebind.example/page")
     assert [r.url.host for r in seen] == [PUBLIC]
     assert seen[0].headers["host"] == "rebind.example"

@@ -10,6 +10,7 @@ process left behind. Where the packages are missing, those tests are skipped, lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -27,7 +28,7 @@ import pytest
 
 from conclave.api import Conclave
 from conclave.config import Config
-from conclave.http import ProviderTransport
+from conclave.http import AiohttpTransport, RequestHeaders, ResponseHeaders, Streamed, Transport
 from conclave.local import (
     INSTALL,
     PACKAGES,
@@ -85,17 +86,22 @@ def config_for(make_config: Callable[..., Config], tmp_path: Path) -> Callable[.
     return make
 
 
-class Recorder(httpx.AsyncBaseTransport):
+class Recorder:
     """Keeps every response body exactly as the server sent it, usage included."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self.bodies: list[dict[str, Any]] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self.inner.handle_async_request(request)
-        self.bodies.append(json.loads(await response.aread()))
-        return response
+    async def exchange(
+        self, method: str, url: str, headers: RequestHeaders, body: bytes, **timers: Any
+    ) -> tuple[int, ResponseHeaders, bytes]:
+        status, received, answer = await self.inner.exchange(method, url, headers, body, **timers)
+        self.bodies.append(json.loads(answer))
+        return status, received, answer
+
+    def stream(self, *args: Any, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[Streamed]:
+        raise NotImplementedError("provider calls read whole bodies")
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -171,7 +177,7 @@ async def _equal(measure: Callable[[], Any], expected: Any) -> bool:
 async def test_the_anthropic_messages_wire_answers_too(
     server: LocalServer, config_for: Callable[..., Config]
 ) -> None:
-    recorder = Recorder(ProviderTransport())
+    recorder = Recorder(AiohttpTransport())
     config = config_for(server, ["local-anthropic"], kind="anthropic")
     async with Conclave(config, transport=recorder) as conclave:
         with anyio.fail_after(CALL_SECONDS + MARGIN):

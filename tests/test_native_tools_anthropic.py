@@ -1,5 +1,5 @@
 """Native tool calls on the Anthropic Messages wire (docs/providers.md#native-tool-calling), through
-ProviderClient.complete() over an httpx MockTransport: the declarations, the final round's
+ProviderClient.complete() over the in-memory transport: the declarations, the final round's
 `tool_choice`, the assistant turn repeated block for block (thinking signatures included), the
 tool_result turn, and what the adapter reads out of `tool_use` responses."""
 

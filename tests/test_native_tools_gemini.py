@@ -1,5 +1,5 @@
 """Native tool calls on the Gemini wire (docs/providers.md#native-tool-calling), through
-ProviderClient.complete() over a MockTransport: the declarations and the final round's mode NONE
+ProviderClient.complete() over the in-memory transport: the declarations and the final round's mode NONE
 as sent, functionCall parts read into ToolUses (parallel, with and without Gemini's ids,
 arguments under the strict rules), the model turn repeated unchanged with its thoughtSignature,
 and the functionResponse turn."""
@@ -74,7 +74,7 @@ class Gemini:
 
 @contextlib.asynccontextmanager
 async def gemini(make_config: Callable[..., Config], *replies: str) -> AsyncIterator[Gemini]:
-    """One Gemini provider, over a MockTransport answering `replies` in turn."""
+    """One Gemini provider, over the in-memory transport answering `replies` in turn."""
     entry = provider_entry("gemini", "gemini-3-pro-preview", "https://generativelanguage.googleapis.com")
     config = make_config({"p": {**entry, "api_key_env": "TEST_KEY"}}, env={"TEST_KEY": KEY})
     transport = ScriptedTransport(*(reply(name) for name in replies))

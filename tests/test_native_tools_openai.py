@@ -1,5 +1,5 @@
 """Native tool calls over the OpenAI Chat Completions wire, through ProviderClient.complete()
-over a MockTransport: the declarations and tool_choice sent, the calls read back (ids, names,
+over the in-memory transport: the declarations and tool_choice sent, the calls read back (ids, names,
 strict arguments, echo), and the next request built from them."""
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from conclave.config import Config
 from conclave.deliberation import review
 from conclave.deliberation.coordinate import coordinate
 from conclave.deliberation.roles import member_prompt, shared_system
+from conclave.http import MemoryTransport
 from conclave.runtime import open_runtime
 from conclave.schemas import data_path
 from conclave.sim import Reply, Rule, Scenario, SimPanel
@@ -144,7 +145,7 @@ async def test_a_provider_that_takes_a_cache_key_gets_one_per_session(
     config = make_config(
         providers, env={"K": "sk-test"}, roles={"proposer": "p", "critics": ["c"], "synthesizer": "s"}
     )
-    async with conclave.Conclave(config, transport=httpx.MockTransport(handler)) as client:
+    async with conclave.Conclave(config, transport=MemoryTransport(handler)) as client:
         await client.coordinate(TASK, session_id="cache-1")
         first = list(sent)
         await client.coordinate(TASK, session_id="cache-2")
@@ -413,7 +414,7 @@ async def test_the_openai_preset_gets_the_cache_key_and_other_openai_servers_onl
     config = make_config(providers, env=env, panel=["openai"], roles=roles)
     preset = config.providers["openai"]
     assert preset.prompt_cache_key and preset.base_url == "https://api.openai.com/v1", "the shipped preset"
-    async with conclave.Conclave(config, transport=httpx.MockTransport(handler)) as client:
+    async with conclave.Conclave(config, transport=MemoryTransport(handler)) as client:
         await client.coordinate(TASK, session_id="keyed-1")
     keys = {model: [b.get("prompt_cache_key") for b in bodies] for model, bodies in sent.items()}
     assert keys == {

@@ -21,13 +21,10 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
-from conclave.http import ProviderTransport, make_http_client
 from conclave.messages import Completion, CompletionRequest, Message
-from conclave.providers import ProviderPool
 from conclave.sim import Reply, Rule, Scenario, SimPanel
 from conclave.sim.recording import mask_secret
-from conclave.telemetry import Telemetry
-from tests.support import read_events
+from tests.support import open_pool, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -73,16 +70,11 @@ class Harness:
             }
         }
         config = self.make_config(providers, env={"SIM_KEY": KEY}, retry=retry)
-        telemetry = Telemetry(config.telemetry.path, secrets=config.secrets.values())
-        try:
-            async with make_http_client() as http:
-                pool = ProviderPool(config, http=http, telemetry=telemetry)
-                return await pool.get("p").complete(
-                    request or CompletionRequest.ask("Which option?"),
-                    deadline=anyio.current_time() + deadline_in,
-                )
-        finally:
-            telemetry.close()
+        async with open_pool(config) as pool:
+            return await pool.get("p").complete(
+                request or CompletionRequest.ask("Which option?"),
+                deadline=anyio.current_time() + deadline_in,
+            )
 
 
 @pytest.fixture
@@ -278,8 +270,7 @@ async def test_connection_refused_is_unreachable(make_config: Callable[..., Conf
         {"p": {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}},
         retry={"max_attempts": 1},
     )
-    async with make_http_client() as http:
-        pool = ProviderPool(config, http=http, telemetry=Telemetry(None))
+    async with open_pool(config) as pool:
         with pytest.raises(ProviderUnreachable) as info:
             await pool.get("p").complete(CompletionRequest.ask("q"), deadline=anyio.current_time() + 5)
     assert info.value.code == "connection_error"
@@ -290,47 +281,14 @@ async def test_connection_refused_is_unreachable(make_config: Callable[..., Conf
 async def test_requests_name_conclave_as_their_client_unless_configured_otherwise(
     panel: SimPanel, make_config: Callable[..., Config], kind: str, configured: str | None
 ) -> None:
-    """Through the production transport (ProviderTransport, the aiohttp session provider calls
-    use): aiohttp's own User-Agent never goes out, a configured header replaces Conclave's."""
+    """Through the production transport (AiohttpTransport): aiohttp's own User-Agent never goes
+    out, a configured header replaces Conclave's."""
     headers = {"User-Agent": configured} if configured else {}
     entry = {"kind": kind, "model": "m1", "base_url": panel.base_url(kind), "api_key_env": None}
     config = make_config({"p": {**entry, "headers": headers}})
-    telemetry = Telemetry(None)
-    transport = ProviderTransport()
-    try:
-        async with make_http_client() as http:
-            pool = ProviderPool(config, http=http, telemetry=telemetry, transport=transport)
-            await pool.get("p").complete(CompletionRequest.ask("hi"), deadline=anyio.current_time() + 10)
-    finally:
-        await transport.aclose()
+    async with open_pool(config) as pool:
+        await pool.get("p").complete(CompletionRequest.ask("hi"), deadline=anyio.current_time() + 10)
 
     sent = {name.lower(): value for name, value in panel.received[-1].headers.items()}
     assert sent["user-agent"] == (configured or f"conclave/{conclave.__version__}")
     assert "aiohttp" not in sent["user-agent"].lower()
-
-
-async def test_the_transport_hands_httpx_the_header_bytes_it_received() -> None:
-    """ProviderTransport behind httpx's seam: the response's header bytes reach httpx as sent,
-    including bytes that are not UTF-8 (aiohttp decodes them with surrogateescape)."""
-    import asyncio
-
-    import httpx
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nX-Trace: caf\xe9\xff\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    transport = ProviderTransport()
-    try:
-        async with httpx.AsyncClient(transport=transport) as client:
-            response = await client.get(f"http://127.0.0.1:{port}/")
-    finally:
-        await transport.aclose()
-        server.close()
-    assert response.status_code == 200 and response.content == b"ok"
-    assert (b"X-Trace", b"caf\xe9\xff") in response.headers.raw
-    assert response.headers["x-trace"] == "caf\xe9\xff"  # httpx reads non-UTF-8 as latin-1

@@ -122,7 +122,7 @@ def test_the_sync_wrapper_runs_outside_an_event_loop(make_config: Callable[..., 
 
 def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_need(tmp_path: Path) -> None:
     """Each of these is resident in every process that imports it: jsonschema (only to explain a
-    rejected argument), httpx-aiohttp (only for a fetch), the fetch and verify tools (only when
+    rejected argument), the fetch and verify tools (only when
     called), tenacity (only to retry a failed attempt). A valid confer, a bad argument and a verify call
     after it, run in a fresh interpreter against the simulated panel."""
     probe = f"""
@@ -131,7 +131,7 @@ from conclave.config import load_config
 from conclave.errors import InvalidArguments
 from conclave.api import Conclave
 from conclave.sim import SimPanel
-LAZY = ["jsonschema", "tenacity", "httpx_aiohttp", "conclave.tools.fetch", "conclave.tools.verify"]
+LAZY = ["jsonschema", "tenacity", "conclave.tools.fetch", "conclave.tools.verify"]
 
 async def main():
     async with SimPanel() as panel:

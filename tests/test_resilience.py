@@ -22,6 +22,7 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
+from conclave.http import TransportError
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.retry import StopAtAttemptsOrDeadline, stop_reason
 from tests.conftest import FakeClock
@@ -215,7 +216,7 @@ async def test_read_timeout_is_a_typed_timeout_and_is_retried(
     make_config: Callable[..., Config], clock: FakeClock
 ) -> None:
     with pytest.raises(ProviderTimeout) as info:
-        await run(make_config, clock, raise_(httpx.ReadTimeout("read timed out")), retry={"max_attempts": 2})
+        await run(make_config, clock, raise_(TransportError("read timed out", failure="timeout")), retry={"max_attempts": 2})
     assert info.value.code == "timeout"
     assert len(clock.slept) == 1
 
@@ -223,7 +224,7 @@ async def test_read_timeout_is_a_typed_timeout_and_is_retried(
 async def test_refused_connection_is_unreachable_and_retried_then_succeeds(
     make_config: Callable[..., Config], clock: FakeClock
 ) -> None:
-    completion, _ = await run(make_config, clock, raise_(httpx.ConnectError("refused")), "openai_basic")
+    completion, _ = await run(make_config, clock, raise_(TransportError("refused", failure="connection_error")), "openai_basic")
     assert completion.attempts == 2
 
 
@@ -232,7 +233,7 @@ async def test_dropped_connection_is_reported_as_dropped(
 ) -> None:
     with pytest.raises(ProviderUnreachable) as info:
         await run(
-            make_config, clock, raise_(httpx.RemoteProtocolError("peer closed")), retry={"max_attempts": 1}
+            make_config, clock, raise_(TransportError("peer closed", failure="connection_dropped")), retry={"max_attempts": 1}
         )
     assert info.value.code == "connection_dropped"
 
@@ -272,7 +273,7 @@ async def test_a_timeout_whose_retry_would_pass_the_deadline_is_deadline_exceede
         await run(
             make_config,
             clock,
-            raise_(httpx.ReadTimeout("slow")),
+            raise_(TransportError("slow", failure="timeout")),
             retry={"max_attempts": 5, "initial_delay_seconds": 5, "max_delay_seconds": 10},
             deadline_in=1.0,
         )

@@ -13,6 +13,7 @@ import pytest
 
 from conclave.config import Config
 from conclave.errors import ProviderError
+from conclave.http import TransportError
 from conclave.messages import CompletionRequest
 from conclave.redact import SENSITIVE_KEYS, Redactor, spellings
 from tests.support import ScriptedTransport, open_pool, provider_entry
@@ -45,7 +46,7 @@ def echo_key_back(request: httpx.Request) -> httpx.Response:
 
 
 def fail_with_key_in_message(request: httpx.Request) -> httpx.Response:
-    raise httpx.ConnectError(f"cannot connect to {request.url}?key={CANARY}")
+    raise TransportError(f"cannot connect to {request.url}?key={CANARY}", failure="connection_error")
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])

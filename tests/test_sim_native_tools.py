@@ -17,11 +17,9 @@ import pytest
 
 from conclave.config import Config
 from conclave.errors import PermanentProviderError
-from conclave.http import make_http_client
 from conclave.messages import Completion, CompletionRequest, Message, ToolDeclaration, ToolReturn
-from conclave.providers import ProviderPool
 from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
-from conclave.telemetry import Telemetry
+from tests.support import open_pool
 
 pytestmark = pytest.mark.anyio
 
@@ -51,13 +49,8 @@ class Sim:
     async def ask(self, kind: str, request: CompletionRequest) -> Completion:
         entry = {"kind": kind, "model": "m1", "base_url": self.panel.base_url(kind), "api_key_env": "SIM_KEY"}
         config = self.make_config({"p": entry}, env={"SIM_KEY": KEY})
-        telemetry = Telemetry(config.telemetry.path, secrets=config.secrets.values())
-        try:
-            async with make_http_client() as http:
-                pool = ProviderPool(config, http=http, telemetry=telemetry)
-                return await pool.get("p").complete(request, deadline=anyio.current_time() + 10)
-        finally:
-            telemetry.close()
+        async with open_pool(config) as pool:
+            return await pool.get("p").complete(request, deadline=anyio.current_time() + 10)
 
     async def refused(self, kind: str, request: CompletionRequest) -> PermanentProviderError:
         with pytest.raises(PermanentProviderError) as info:

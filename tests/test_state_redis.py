@@ -19,6 +19,7 @@ from conclave.catalog import Invocation
 from conclave.config import Config, load_config
 from conclave.deliberation.confer import confer
 from conclave.errors import BreakerOpen, ConfigError, ProviderError, SessionInFlight
+from conclave.http import MemoryTransport
 from conclave.messages import CompletionRequest
 from conclave.runtime import Runtime, open_runtime
 from conclave.server.handlers import run_list_providers
@@ -37,7 +38,7 @@ ANSWER = {
 }
 
 
-class Upstream(httpx.MockTransport):
+class Upstream(MemoryTransport):
     """A provider both replicas call: counts requests and those in flight; fails while told."""
 
     def __init__(self, *, delay: float = 0.0) -> None:

@@ -1,5 +1,5 @@
 """The adapters read every response shape of docs/providers.md correctly, through the real
-HTTP client stack (httpx over a MockTransport), priced by the rate card."""
+HTTP client stack (httpx over the in-memory transport), priced by the rate card."""
 
 from __future__ import annotations
 

@@ -8,12 +8,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import anyio
-import httpx
 
 from conclave.breaker import BreakerState, Clock
 from conclave.config import Config
 from conclave.errors import ConfigError
-from conclave.http import transport_of
+from conclave.http import Transport
 from conclave.providers.base import Adapter
 from conclave.providers.client import ProviderClient, Sleep
 from conclave.providers.kinds import KINDS
@@ -27,16 +26,15 @@ __all__ = ["ADAPTERS", "ProviderClient", "ProviderPool"]
 
 
 class ProviderPool:
-    """Every configured provider as a `ProviderClient`, sharing one HTTP client, and the
+    """Every configured provider as a `ProviderClient`, sharing one transport, and the
     breakers and concurrency limit of the state backend (this process's memory by default)."""
 
     def __init__(
         self,
         config: Config,
         *,
-        http: httpx.AsyncClient,
+        transport: Transport,
         telemetry: Telemetry,
-        transport: httpx.AsyncBaseTransport | None = None,
         state: StateBackend | None = None,
         clock: Clock = time.monotonic,
         sleep: Sleep = anyio.sleep,
@@ -49,7 +47,7 @@ class ProviderPool:
             name: ProviderClient(
                 entry,
                 ADAPTERS[entry.kind],
-                transport=transport or transport_of(http),
+                transport=transport,
                 api_key=config.api_key(name),
                 breaker=self.state.breaker(name, self._breaker_changed),
                 retry=config.limits.retry,

@@ -1,6 +1,6 @@
 """One provider, called resiliently: key check, breaker, deadline, retries, telemetry.
 
-This is the only place httpx / aiohttp / JSON exceptions become Conclave errors.
+This is the only place transport failures and JSON exceptions become Conclave errors.
 """
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 import orjson
 
 from conclave.breaker import Clock
@@ -28,7 +26,7 @@ from conclave.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.http import ProviderTransport, classify_transport_error
+from conclave.http import Transport, TransportError
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
 from conclave.providers.kinds import KINDS
@@ -58,7 +56,7 @@ class ProviderClient:
         entry: ProviderConfig,
         adapter: Adapter,
         *,
-        transport: httpx.AsyncBaseTransport,
+        transport: Transport,
         api_key: str | None,
         breaker: Breaker,
         retry: RetryConfig,
@@ -72,9 +70,6 @@ class ProviderClient:
         self.adapter = adapter
         self.breaker = breaker
         self._transport = transport
-        # The production transport takes requests as plain values (no httpx objects) and times
-        # them itself; any other transport (tests' MockTransport) gets an `httpx.Request`.
-        self._direct = transport if isinstance(transport, ProviderTransport) else None
         self._key = api_key
         self._endpoint = adapter.endpoint(entry, api_key)
         self._retry = retry
@@ -181,8 +176,8 @@ class ProviderClient:
             ) from None
         return self._read(status, headers, body)
 
-    def _transport_failure(self, exc: httpx.HTTPError) -> ProviderError:
-        failure = classify_transport_error(exc)
+    def _transport_failure(self, exc: TransportError) -> ProviderError:
+        failure = exc.failure
         detail = self._scrub(str(exc)) or type(exc).__name__
         if failure == "timeout":
             return ProviderTimeout(f"timed out: {detail}", provider=self.name)
@@ -190,45 +185,14 @@ class ProviderClient:
         return ProviderUnreachable(f"{what}: {detail}", provider=self.name, code=failure)
 
     async def _post(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
-        """Through the production transport with plain values, or through httpx's transport seam
-        (tests' MockTransport): either way straight on the transport, since provider calls need
-        none of the client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
-        try:
-            if self._direct is not None:  # aiohttp's own timer bounds the whole exchange
-                return await self._direct.exchange(
-                    "POST",
-                    wire.url,
-                    wire.headers,
-                    wire.content,
-                    total=seconds,
-                    connect=_connect_timeout(seconds),
-                )
-            with anyio.fail_after(seconds):  # an httpx transport has no timer for the whole exchange
-                return await self._post_httpx(wire, seconds)
-        except httpx.HTTPError as exc:
+        """Straight on the transport, with plain values: provider calls need none of an HTTP
+        client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
+        try:  # the transport's own timer bounds the whole exchange
+            return await self._transport.exchange(
+                "POST", wire.url, wire.headers, wire.content, total=seconds, connect=_connect_timeout(seconds)
+            )
+        except TransportError as exc:
             raise self._transport_failure(exc) from exc
-
-    async def _post_httpx(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
-        request = httpx.Request(
-            "POST",
-            _parsed_url(wire.url),
-            headers=wire.headers,
-            content=wire.content,
-            extensions={
-                "timeout": {
-                    "connect": _connect_timeout(seconds),
-                    "read": seconds,
-                    "write": seconds,
-                    "pool": seconds,
-                }
-            },
-        )
-        response = await self._transport.handle_async_request(request)
-        try:
-            raw = await response.aread()
-        finally:
-            await response.aclose()
-        return response.status_code, response.headers, raw
 
     def _read(self, status: int, headers: Headers, raw: bytes) -> ParsedCompletion:
         body = _json_or_none(raw)
@@ -425,11 +389,6 @@ class _Attempts:
 
 def _connect_timeout(budget: float) -> float:
     return min(budget, 10.0)  # a host that has not accepted in 10 s is down: the next attempt may not be
-
-
-@lru_cache(maxsize=1024)
-def _parsed_url(url: str) -> httpx.URL:
-    return httpx.URL(url)  # immutable, so one parse serves every call to the same endpoint
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -26,7 +26,7 @@ import httpx
 from conclave.breaker import CircuitBreaker
 from conclave.budgets import EgressBudget, EgressExhausted
 from conclave.errors import BreakerOpen, ToolRefused
-from conclave.http import classify_transport_error
+from conclave.http import TransportError
 from conclave.tools.context import IPAddress, ToolContext
 from conclave.tools.html_text import html_to_text
 from conclave.tools.netguard import (
@@ -184,11 +184,10 @@ async def _exchange(
                 raise
         finally:
             await response.aclose()
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         breaker.record_failure()
-        failure = classify_transport_error(exc)
-        reason = "timeout" if failure == "timeout" else "connection_error"
-        raise Blocked(reason, f"{target.host}: {failure.replace('_', ' ')}") from None
+        reason = "timeout" if exc.failure == "timeout" else "connection_error"
+        raise Blocked(reason, f"{target.host}: {exc.failure.replace('_', ' ')}") from None
     breaker.record_success()
     return None, _Body(response.status_code, content_type, data, truncated)
 
@@ -238,21 +237,13 @@ async def _read_decoded(response: httpx.Response, limit: int) -> tuple[bytes, bo
     """Up to `limit` decoded bytes; `truncated` when the body had more."""
     gzip = response.headers.get("content-encoding", "").strip().lower() in ("gzip", "x-gzip")
     decoded = bytearray()
-    async for chunk in _decoded_chunks(_raw_chunks(response), gzip, limit + 1):
+    async for chunk in _decoded_chunks(response.aiter_raw(), gzip, limit + 1):
         decoded += chunk
         if len(decoded) > limit:
             return bytes(decoded[:limit]), True
     if response.headers.get("content-type") is None and b"\x00" in decoded[:4096]:
         raise Blocked("unsupported_content_type", "the body is binary and carries no content type")
     return bytes(decoded), False
-
-
-async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    if response.is_stream_consumed:  # a transport that read the body already (MockTransport)
-        yield response.content
-        return
-    async for chunk in response.aiter_raw():
-        yield chunk
 
 
 async def _decoded_chunks(raw: AsyncIterator[bytes], gzip: bool, want: int) -> AsyncIterator[bytes]:
