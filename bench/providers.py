@@ -28,7 +28,7 @@ from bench.panel import panel_process
 from conclave.config import Config, load_config
 from conclave.http import AiohttpTransport
 from conclave.messages import CompletionRequest
-from conclave.providers import ADAPTERS, ProviderClient, ProviderPool
+from conclave.providers import ADAPTERS, CompletionClient, ProviderPool
 from conclave.schemas import data_path
 from conclave.simulated import simulated_config
 from conclave.telemetry import Telemetry
@@ -71,7 +71,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         transport = AiohttpTransport()
         async with contextlib.aclosing(transport), aiohttp.ClientSession() as session:
             pool = ProviderPool(config, transport=transport, telemetry=telemetry)
-            clients: dict[str, ProviderClient] = {
+            clients: dict[str, CompletionClient] = {
                 pool.get(name).entry.kind: pool.get(name) for name in config.providers
             }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -17,18 +17,27 @@ from conclave.providers import ProviderPool
 from conclave.state import StateBackend, open_state
 from conclave.telemetry import Telemetry
 from conclave.tools import ToolContext, ToolRegistry, build_registry
-from conclave.worker.loop import WorkerLoop
+from conclave.worker.instrumented import InstrumentedWorkerLoop
+from conclave.worker.loop import Worker, WorkerLoop
+
+if TYPE_CHECKING:  # the session scaffold imports this module: its runners are imported when a runtime opens
+    from conclave.deliberation.session import Sessions
 
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
+    """With tracing on, `providers` hands out instrumented clients, and `worker` and `sessions`
+    are the instrumented decorators of the plain loop and runner, wrapped once, by `open_runtime`;
+    with it off they are the plain objects themselves (docs/telemetry.md#traces-opentelemetry)."""
+
     config: Config
     http: httpx.AsyncClient
     telemetry: Telemetry
     providers: ProviderPool
     tools: ToolRegistry
     tool_context: ToolContext
-    worker: WorkerLoop
+    worker: Worker
+    sessions: Sessions
     state: StateBackend
     transcripts: TranscriptWriter | None = None
 
@@ -64,6 +73,7 @@ async def open_runtime(
         async with http, _closing(transport), _state(config, telemetry, state) as shared:
             tools = build_registry()
             tool_context = ToolContext(config, http, telemetry, state=shared, **tool_options)
+            worker, sessions = _worker_and_sessions(config, telemetry, tools, tool_context)
             yield Runtime(
                 config=config,
                 http=http,
@@ -73,18 +83,32 @@ async def open_runtime(
                 tools=tools,
                 tool_context=tool_context,
                 transcripts=writer,
-                worker=WorkerLoop(
-                    registry=tools,
-                    tool_context=tool_context,
-                    telemetry=telemetry,
-                    settings=config.worker_tools,
-                ),
+                worker=worker,
+                sessions=sessions,
             )
     finally:
         if writer is not None:
             writer.close()
         if owns_telemetry:
             telemetry.close()
+
+
+def _worker_and_sessions(
+    config: Config, telemetry: Telemetry, tools: ToolRegistry, tool_context: ToolContext
+) -> tuple[Worker, Sessions]:
+    """The worker loop and the session runner, wrapped in their tracing decorators when the
+    tracer records: decided here, once, so no call asks whether tracing is on."""
+    from conclave.deliberation.session import SessionRunner
+
+    worker = WorkerLoop(
+        registry=tools, tool_context=tool_context, telemetry=telemetry, settings=config.worker_tools
+    )
+    tracer = telemetry.tracer
+    if not tracer.recording:
+        return worker, SessionRunner()
+    from conclave.deliberation.instrumented import InstrumentedSessionRunner
+
+    return InstrumentedWorkerLoop(worker, tracer), InstrumentedSessionRunner(SessionRunner(), tracer)
 
 
 @contextlib.asynccontextmanager

@@ -37,7 +37,6 @@ from conclave.errors import SessionInFlight
 from conclave.messages import Message, Usage
 from conclave.providers.kinds import KINDS
 from conclave.runtime import Runtime
-from conclave.telemetry import caller_traceparent
 from conclave.telemetry import session as bind_session
 from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
@@ -216,40 +215,35 @@ class Deliberation(Protocol[Result]):
         """How many answers, and how many of them are usable, for `session_end`."""
 
 
+class Sessions(Protocol):
+    """How the runtime runs a session: `SessionRunner`, or with tracing on the
+    `InstrumentedSessionRunner` (instrumented.py) wrapped around it once, when the runtime opens."""
+
+    async def run(self, session: Session, deliberation: Deliberation[Result]) -> Result: ...
+
+
 def run_session(session: Session, deliberation: Deliberation[Result]) -> Awaitable[Result]:
-    """The call, in its `invoke_workflow` span when spans are recorded. (Not a coroutine
-    function itself: it hands back the one that does the work, so tracing that is off adds no
-    layer to the call's await chain; performance.md.)"""
-    if session.runtime.telemetry.tracer.recording:
-        return _traced(session, deliberation)
-    return _closed(session, deliberation)
+    """The call, run by the runtime's session runner: the plain one, or with tracing on the one
+    that puts it in its `invoke_workflow` span. Chosen once, when the runtime opened: nothing
+    here asks whether tracing is on."""
+    return session.runtime.sessions.run(session, deliberation)
 
 
-async def _traced(session: Session, deliberation: Deliberation[Result]) -> Result:
-    workflow: dict[str, Any] = {
-        "gen_ai.operation.name": "invoke_workflow",
-        "gen_ai.conversation.id": session.id,
-        "conclave.tool": session.tool,
-    }
-    tracer = session.runtime.telemetry.tracer
-    with tracer.span(f"invoke_workflow {session.tool}", traceparent=caller_traceparent(), **workflow) as span:
-        result = await _closed(session, deliberation)
-        span.set(**{"conclave.degraded": result.degraded, "conclave.dry_run": session.dry_run})
-        return result
+class SessionRunner:
+    """The plain runner: no span."""
 
-
-async def _closed(session: Session, deliberation: Deliberation[Result]) -> Result:
-    """The session, bound to the events written meanwhile, with its session id claimed while it
-    runs, and closed in the event log even when the call is cancelled."""
-    with bind_session(session.id):
-        try:
-            async with _claimed(session):
-                return await _run(session, deliberation)
-        except anyio.get_cancelled_exc_class():
-            # A cancelled call still closes its session, so nothing built on the log mistakes it
-            # for a call still running.
-            _end(session, "cancelled", Usage(), duration_ms=session.elapsed_ms())
-            raise
+    async def run(self, session: Session, deliberation: Deliberation[Result]) -> Result:
+        """The session, bound to the events written meanwhile, with its session id claimed while
+        it runs, and closed in the event log even when the call is cancelled."""
+        with bind_session(session.id):
+            try:
+                async with _claimed(session):
+                    return await _run(session, deliberation)
+            except anyio.get_cancelled_exc_class():
+                # A cancelled call still closes its session, so nothing built on the log mistakes
+                # it for a call still running.
+                _end(session, "cancelled", Usage(), duration_ms=session.elapsed_ms())
+                raise
 
 
 @contextlib.asynccontextmanager

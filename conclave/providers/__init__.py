@@ -14,7 +14,8 @@ from conclave.config import Config
 from conclave.errors import ConfigError
 from conclave.http import Transport
 from conclave.providers.base import Adapter
-from conclave.providers.client import ProviderClient, Sleep
+from conclave.providers.client import CompletionClient, ProviderClient, Sleep
+from conclave.providers.instrumented import InstrumentedProviderClient
 from conclave.providers.kinds import KINDS
 from conclave.state import StateBackend
 from conclave.state.memory import MemoryState
@@ -22,12 +23,13 @@ from conclave.telemetry import Telemetry
 
 ADAPTERS: dict[str, Adapter] = {kind: spec.adapter for kind, spec in KINDS.items()}
 
-__all__ = ["ADAPTERS", "ProviderClient", "ProviderPool"]
+__all__ = ["ADAPTERS", "CompletionClient", "InstrumentedProviderClient", "ProviderClient", "ProviderPool"]
 
 
 class ProviderPool:
     """Every configured provider as a `ProviderClient`, sharing one transport, and the
-    breakers and concurrency limit of the state backend (this process's memory by default)."""
+    breakers and concurrency limit of the state backend (this process's memory by default).
+    With tracing on, each client is wrapped once, here, in an `InstrumentedProviderClient`."""
 
     def __init__(
         self,
@@ -43,7 +45,7 @@ class ProviderPool:
         self.config = config
         self._telemetry = telemetry
         self.state = state or MemoryState(config, clock=clock)
-        self._clients = {
+        self._clients: dict[str, CompletionClient] = {
             name: ProviderClient(
                 entry,
                 ADAPTERS[entry.kind],
@@ -59,15 +61,20 @@ class ProviderPool:
             )
             for name, entry in config.providers.items()
         }
+        if telemetry.tracer.recording:  # decided once: with tracing off, calls go straight to the client
+            self._clients = {
+                name: InstrumentedProviderClient(client, telemetry, clock=clock)
+                for name, client in self._clients.items()
+            }
 
-    def get(self, name: str) -> ProviderClient:
+    def get(self, name: str) -> CompletionClient:
         try:
             return self._clients[name]
         except KeyError:
             known = ", ".join(sorted(self._clients))
             raise ConfigError(f"provider {name!r} is not configured; use one of: {known}") from None
 
-    def __iter__(self) -> Iterator[ProviderClient]:
+    def __iter__(self) -> Iterator[CompletionClient]:
         return iter(self._clients.values())
 
     def _breaker_changed(self, name: str, state: BreakerState, failures: int) -> None:

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import orjson
@@ -29,10 +29,8 @@ from conclave.errors import (
 from conclave.http import Transport, TransportError
 from conclave.messages import Completion, CompletionRequest
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
-from conclave.providers.kinds import KINDS
 from conclave.providers.pricing import cost_usd
 from conclave.records import record
-from conclave.redact import Redactor
 from conclave.state.base import Breaker, Slots
 from conclave.telemetry import Telemetry
 
@@ -42,6 +40,25 @@ if TYPE_CHECKING:  # tenacity is imported by the first call that has to retry (_
     from conclave.providers.retry import StopAtAttemptsOrDeadline
 
 Sleep = Callable[[float], Awaitable[None]]
+
+
+class CompletionClient(Protocol):
+    """What the pool hands out for a provider: a `ProviderClient`, or with tracing on the
+    `InstrumentedProviderClient` wrapped around it once, when the pool is built."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def entry(self) -> ProviderConfig: ...
+
+    @property
+    def adapter(self) -> Adapter: ...
+
+    @property
+    def breaker(self) -> Breaker: ...
+
+    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion: ...
 
 
 class ProviderClient:
@@ -83,49 +100,10 @@ class ProviderClient:
     def name(self) -> str:
         return self.entry.name
 
-    def complete(self, request: CompletionRequest, *, deadline: float) -> Awaitable[Completion]:
-        """Ask the model once (with retries), by `deadline` (a `clock()` instant), in its
-        `chat {model}` span when spans are recorded. (Not a coroutine function itself, as
-        `WorkerLoop.run`: tracing that is off costs the call nothing; performance.md.)"""
-        if self._telemetry.tracer.recording:
-            return self._traced(request, deadline)
-        return self._complete(request, deadline)
-
-    async def _traced(self, request: CompletionRequest, deadline: float) -> Completion:
-        chat: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": KINDS[self.entry.kind].otel_name,
-            "gen_ai.request.model": self.entry.model,
-            "gen_ai.request.max_tokens": request.max_tokens,
-            "conclave.provider": self.name,
-        }
-        tracer = self._telemetry.tracer
-        started = self._clock()
-        with tracer.span(f"chat {self.entry.model}", kind="client", **chat) as span:
-            try:
-                completion = await self._complete(request, deadline)
-            except ProviderError as exc:
-                span.fail(exc.code)
-                tracer.measure(self._clock() - started, 0, 0, **_metric(chat), **{"error.type": exc.code})
-                raise
-            usage = completion.usage
-            tracer.measure(self._clock() - started, usage.input_tokens, usage.output_tokens, **_metric(chat))
-            if self._telemetry.include_content:  # opt-in, as the conventions ask; redacted like the log
-                span.set(**_content(request, completion, self._telemetry.redactor))
-            span.set(
-                **{
-                    "gen_ai.response.model": completion.model,
-                    "gen_ai.response.id": completion.request_id,
-                    "gen_ai.response.finish_reasons": [completion.finish_reason],
-                    "gen_ai.usage.input_tokens": usage.input_tokens,
-                    "gen_ai.usage.output_tokens": usage.output_tokens,
-                    "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
-                    "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
-                }
-            )
-            return completion
-
-    async def _complete(self, request: CompletionRequest, deadline: float) -> Completion:
+    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
+        """Ask the model once (with retries), by `deadline` (a `clock()` instant). No span here:
+        with tracing on, the pool hands out this client wrapped in an `InstrumentedProviderClient`
+        (instrumented.py), which opens the call's `chat {model}` span around this method."""
         started = self._clock()
         attempts = _Attempts(self, deadline)
         try:
@@ -396,23 +374,3 @@ def _json_or_none(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-
-
-def _metric(chat: dict[str, Any]) -> dict[str, Any]:
-    """The span's attributes the conventions put on the metrics too."""
-    keys = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
-    return {key: chat[key] for key in keys}
-
-
-def _content(request: CompletionRequest, completion: Completion, redactor: Redactor) -> dict[str, str]:
-    """The conventions' opt-in content attributes, as JSON text, redacted."""
-    said = [{"role": m.role, "parts": [{"type": "text", "content": m.content}]} for m in request.messages]
-    answer = [{"role": "assistant", "parts": [{"type": "text", "content": completion.text}]}]
-    out = {
-        "gen_ai.input.messages": redactor.text(orjson.dumps(said).decode()),
-        "gen_ai.output.messages": redactor.text(orjson.dumps(answer).decode()),
-    }
-    if request.system:
-        system = [{"type": "text", "content": request.system}]
-        out["gen_ai.system_instructions"] = redactor.text(orjson.dumps(system).decode())
-    return out

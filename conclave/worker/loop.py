@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -135,6 +135,15 @@ class _TurnState:
 Step = Callable[[_TurnState], Awaitable["Step | None"]]
 
 
+class Worker(Protocol):
+    """What sessions ask of the runtime's worker: the plain `WorkerLoop`, or with tracing on the
+    `InstrumentedWorkerLoop` wrapped around it once, when the runtime opens."""
+
+    async def run(self, turn: WorkerTurn) -> WorkerOutcome: ...
+
+    def tags_only(self, provider: str) -> bool: ...
+
+
 class WorkerLoop:
     def __init__(
         self,
@@ -155,31 +164,11 @@ class WorkerLoop:
     def tags_only(self, provider: str) -> bool:
         return provider in self._tags_only
 
-    def run(self, turn: WorkerTurn) -> Awaitable[WorkerOutcome]:
-        """The whole turn, in its `invoke_agent` span when spans are recorded; a provider failure
-        or a bug is recorded on the outcome, never raised. (Not a coroutine function itself: it
-        hands back the one that does the work, so no layer is added to every turn's await chain
-        for tracing that is off; performance.md.)"""
-        unknown = [t for t in turn.tools if t not in WORKER_ALLOWLIST]
-        if unknown:
-            raise ValueError(f"worker tools outside the allowlist: {unknown}")
-        return self._traced(turn) if self._telemetry.tracer.recording else self._turn(turn)
-
-    async def _traced(self, turn: WorkerTurn) -> WorkerOutcome:
-        tracer = self._telemetry.tracer
-        agent: dict[str, Any] = {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": turn.provider.name,
-            "conclave.role": turn.role,
-        }
-        with tracer.span(f"invoke_agent {turn.provider.name}", **agent) as span:
-            outcome = await self._turn(turn)
-            span.set(**{"conclave.hops": outcome.hops, "conclave.tool_mode": outcome.tool_mode})
-            if outcome.error is not None:
-                span.fail(outcome.error.code)
-        return outcome
-
-    async def _turn(self, turn: WorkerTurn) -> WorkerOutcome:
+    async def run(self, turn: WorkerTurn) -> WorkerOutcome:
+        """The whole turn; a provider failure or a bug is recorded on the outcome, never raised.
+        No span here: with tracing on, the runtime wraps this loop once in an
+        `InstrumentedWorkerLoop` (instrumented.py), which opens the turn's `invoke_agent` span."""
+        check_tools(turn)
         started = time.perf_counter()
         mode: ToolMode = "tags" if self.tags_only(turn.provider.name) else turn.tool_mode
         with session(turn.session_id):
@@ -528,6 +517,13 @@ def _refusal_reason(exc: ToolRefused) -> tuple[str, Mapping[str, Any] | None]:
     return exc.reason, None
 
 
+def check_tools(turn: WorkerTurn) -> None:
+    """Only the allowlist's tools, ever: a turn asking for another is a bug of its caller."""
+    if not WORKER_ALLOWLIST.issuperset(turn.tools):
+        unknown = [t for t in turn.tools if t not in WORKER_ALLOWLIST]
+        raise ValueError(f"worker tools outside the allowlist: {unknown}")
+
+
 def _spend_hop(hops: HopBudget) -> ToolRefused | None:
     """One hop for the next call in order; past the budget, the refusal it will get."""
     try:
@@ -570,7 +566,15 @@ def _record(out: WorkerOutcome, completion: Completion) -> None:
             out.warnings.append(warning)
 
 
-__all__ = ["WORKER_ALLOWLIST", "InnerCall", "WorkerLoop", "WorkerOutcome", "WorkerTurn"]
+__all__ = [
+    "WORKER_ALLOWLIST",
+    "InnerCall",
+    "Worker",
+    "WorkerLoop",
+    "WorkerOutcome",
+    "WorkerTurn",
+    "check_tools",
+]
 
 
 def _arguments_text(args: dict[str, Any]) -> str:
