@@ -29,15 +29,15 @@ from typing import Any
 
 import anyio
 
-from conclave.config import PriceConfig, load_config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
+from conclave.app.sim.caching import common_prefix, prompt_of
+from conclave.app.sim.simulated import SIMULATED_MEMBERS
+from conclave.core.messages import Usage
 from conclave.deliberation import review
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
-from conclave.messages import Usage
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
-from conclave.sim.caching import common_prefix, prompt_of
-from conclave.simulated import SIMULATED_MEMBERS
+from conclave.schema.config import PriceConfig, load_config
 
 PRICES = {kind: price for kind, _model, price in SIMULATED_MEMBERS.values()}
 PROPOSAL = {"proposal": "Use PostgreSQL with read replicas.", "rationale": "Transactions.", "confidence": 0.7}

@@ -176,8 +176,8 @@ def summarize(
 
 async def measure_verify_hop(spec: dict[str, Any]) -> dict[str, Any]:
     """`runtime.call_tool("verify", ...)` in process: microseconds per call, batch by batch."""
-    from conclave.config import load_config
-    from conclave.runtime import open_runtime
+    from conclave.app.runtime import open_runtime
+    from conclave.schema.config import load_config
 
     config = load_config(spec["config"], env=bench_env(), dotenv=None)
     args = {"checks": [VERIFY_CHECK]}

@@ -157,7 +157,7 @@ class ConclaveApi:
 
     async def start(self) -> None:
         from conclave import Conclave
-        from conclave.config import load_config
+        from conclave.schema.config import load_config
 
         config = load_config(str(self.config_path), env=bench_env(), dotenv=None)
         client = await self._stack.enter_async_context(Conclave(config))

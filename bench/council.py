@@ -22,11 +22,11 @@ from typing import Any
 
 import anyio
 
-from conclave.config import load_config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
 from conclave.deliberation import review
 from conclave.deliberation.confer import confer
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import load_config
 
 MEMBERS = ("m1", "m2", "m3", "m4", "m5")
 KINDS = ("openai", "anthropic", "gemini", "openai", "anthropic")

@@ -138,7 +138,7 @@ def in_memory_transport(hop: str | None = None) -> Any:
 
 
 def bench_config(variant: str, work: Path, url: str = "http://127.0.0.1:9/v1") -> Any:
-    from conclave.config import load_config
+    from conclave.schema.config import load_config
 
     path = write_config(work, url, VARIANTS[variant], max_concurrency=1024)
     return load_config(str(path), env=bench_env(), dotenv=None)
@@ -183,9 +183,9 @@ def _check_hop(answer: Any, mode: str) -> None:
 async def _via_server(variant: str, count: int, batch: int, work: Path) -> None:
     """`tools/call` lines through the stdio server's line loop (`serve_lines`), as `conclave
     serve` handles them, minus the pipe: requests and replies pass through memory streams."""
-    from conclave.runtime import open_runtime
-    from conclave.server.core import Server
-    from conclave.server.stdio import serve_lines
+    from conclave.app.runtime import open_runtime
+    from conclave.app.server.core import Server
+    from conclave.app.server.stdio import serve_lines
 
     requests_in, requests_out = anyio.create_memory_object_stream[bytes](batch)
     replies_in, replies_out = anyio.create_memory_object_stream[bytes](batch)

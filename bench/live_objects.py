@@ -3,7 +3,7 @@
 Run: .venv/bin/python -m bench.live_objects [--confers 20] [--top 25]
 
 Under load the collector's cost follows what stays alive while calls wait on their providers:
-every full collection walks all of it (see conclave/gcpolicy.py). Unlike throughput, this
+every full collection walks all of it (see conclave/app/gcpolicy.py). Unlike throughput, this
 count is deterministic, so a change that adds or removes one object per call shows here even
 when the timing figures cannot tell it from this machine's noise.
 
@@ -35,7 +35,7 @@ def count_by_type() -> collections.Counter[str]:
 
 async def measure(urls: dict[str, str], confers: int, work: Path) -> collections.Counter[str]:
     from conclave import Conclave
-    from conclave.config import load_config
+    from conclave.schema.config import load_config
 
     config_path = write_config(work, urls["openai"], VARIANTS["default"], max_concurrency=4096)
     config = load_config(str(config_path), env=bench_env(), dotenv=None)

@@ -1,6 +1,6 @@
 """The fake provider: Conclave's simulated panel in its own process, at a fixed latency.
 
-It runs as `python -m conclave.sim --port 0 --latency-ms L --no-record`, which prints one
+It runs as `python -m conclave.app.sim --port 0 --latency-ms L --no-record`, which prints one
 `<kind> <base_url>` line per wire format; the scripts the suite needs are then PUT through
 the panel's HTTP control API (`/_sim/scenarios/{model}`).
 """
@@ -23,7 +23,10 @@ KINDS = ("openai", "anthropic", "gemini")
 def panel_process(latency_ms: float) -> Iterator[dict[str, str]]:
     """Start the panel; yield `{kind: base_url}`; stop it (SIGTERM, then SIGKILL) on exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conclave.sim", "--port", "0", "--latency-ms", str(latency_ms), "--no-record"],
+        [
+            sys.executable, "-m", "conclave.app.sim", "--port", "0",
+            "--latency-ms", str(latency_ms), "--no-record",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

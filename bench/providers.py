@@ -25,13 +25,13 @@ import anyio
 import orjson
 
 from bench.panel import panel_process
-from conclave.config import Config, load_config
-from conclave.http import AiohttpTransport
-from conclave.messages import CompletionRequest
+from conclave.app.sim.simulated import simulated_config
+from conclave.core.messages import CompletionRequest
+from conclave.net.http import AiohttpTransport
+from conclave.obs.telemetry import Telemetry
 from conclave.providers import ADAPTERS, CompletionClient, ProviderPool
-from conclave.schemas import data_path
-from conclave.simulated import simulated_config
-from conclave.telemetry import Telemetry
+from conclave.schema.config import Config, load_config
+from conclave.schema.schemas import data_path
 
 KINDS = ("openai", "anthropic", "gemini")
 REQUEST = CompletionRequest.ask("Which option is best, and why?", max_tokens=64)

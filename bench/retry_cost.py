@@ -43,9 +43,9 @@ _LOOP_FILES = ("conclave/providers/client.py", "conclave/providers/retry.py")
 async def _calls(scenario: str, calls: int, warm_up: int) -> float:
     """Seconds per call over `calls` sequential calls, after `warm_up` unmeasured ones."""
     from bench.instructions import ANSWER, ANSWER_HEADERS, bench_config
-    from conclave.messages import CompletionRequest
+    from conclave.core.messages import CompletionRequest
+    from conclave.obs.telemetry import Telemetry
     from conclave.providers import ProviderPool
-    from conclave.telemetry import Telemetry
 
     fail_first = scenario == "retried"
 

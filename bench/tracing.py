@@ -25,13 +25,13 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from conclave._otel import OtelTracer
-from conclave.config import load_config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import SimPanel
 from conclave.deliberation.confer import confer
-from conclave.runtime import open_runtime
-from conclave.sim import SimPanel
-from conclave.telemetry import Telemetry
-from conclave.tracing import NO_TRACER, Tracer
+from conclave.obs._otel import OtelTracer
+from conclave.obs.telemetry import Telemetry
+from conclave.obs.tracing import NO_TRACER, Tracer
+from conclave.schema.config import load_config
 
 MEMBERS = {"m1": "openai", "m2": "anthropic", "m3": "gemini", "m4": "openai", "m5": "anthropic"}
 

@@ -29,15 +29,15 @@ __all__ = ["SimulatedPanel", "__version__", *_API, "serving_gc"]
 def __getattr__(name: str) -> Any:
     # Imported on first use so `import conclave` (and the CLI's start-up) stays light.
     if name in _API:
-        from conclave import api
+        from conclave.app import api
 
         return getattr(api, name)
-    if name == "SimulatedPanel":  # for trying the API offline (see conclave.simulated)
-        from conclave.simulated import SimulatedPanel
+    if name == "SimulatedPanel":  # for trying the API offline (see conclave.app.sim.simulated)
+        from conclave.app.sim.simulated import SimulatedPanel
 
         return SimulatedPanel
     if name == "serving_gc":  # for hosts that serve many calls from one process (see gcpolicy)
-        from conclave.gcpolicy import serving_gc
+        from conclave.app.gcpolicy import serving_gc
 
         return serving_gc
     raise AttributeError(f"module 'conclave' has no attribute {name!r}")

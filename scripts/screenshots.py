@@ -12,7 +12,7 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from conclave.demo import run_demo  # noqa: E402
+from conclave.app.demo import run_demo  # noqa: E402
 from tests.browser import chromium, conclave_ui, why_no_browser  # noqa: E402
 from tests.ui_support import workdir_config  # noqa: E402
 

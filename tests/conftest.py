@@ -13,8 +13,8 @@ import orjson
 import pytest
 import yaml
 
-from conclave.config import Config, load_config
-from conclave.schemas import first_error
+from conclave.schema.config import Config, load_config
+from conclave.schema.schemas import first_error
 from tests.redis_server import RedisServer
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}

@@ -13,7 +13,7 @@ import yaml
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from conclave.sim import SimPanel
+from conclave.app.sim import SimPanel
 
 SERVE = ["serve"]
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}

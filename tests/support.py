@@ -12,10 +12,10 @@ import httpx
 import orjson
 from aiohttp import web
 
-from conclave.config import Config
-from conclave.http import AiohttpTransport, MemoryTransport, Transport
+from conclave.net.http import AiohttpTransport, MemoryTransport, Transport
+from conclave.obs.telemetry import Telemetry
 from conclave.providers import ProviderPool
-from conclave.telemetry import Telemetry
+from conclave.schema.config import Config
 
 SAMPLES: dict[str, Any] = json.loads(
     (Path(__file__).parent / "fixtures" / "wire_samples.json").read_text(encoding="utf-8")

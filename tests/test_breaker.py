@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conclave.config import Config
-from conclave.errors import BreakerOpen, ProviderError
-from conclave.messages import CompletionRequest
+from conclave.core.errors import BreakerOpen, ProviderError
+from conclave.core.messages import CompletionRequest
 from conclave.providers import ProviderClient
+from conclave.schema.config import Config
 from tests.conftest import FakeClock
 from tests.support import ScriptedTransport, open_pool, provider_entry, read_events
 

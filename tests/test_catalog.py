@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from conclave import schemas
-from conclave.catalog import TOOL_NAMES, TOOLS, ToolSpec, _load, tool_spec
-from conclave.config import Config
-from conclave.errors import InvalidArguments, UnknownTool
-from conclave.runtime import open_runtime
-from conclave.server.core import PLAIN_METHODS
+from conclave.app.catalog import TOOL_NAMES, TOOLS, ToolSpec, _load, tool_spec
+from conclave.app.runtime import open_runtime
+from conclave.app.server.core import PLAIN_METHODS
+from conclave.core.errors import InvalidArguments, UnknownTool
+from conclave.schema import schemas
+from conclave.schema.config import Config
 from conclave.tools import build_registry
 
 pytestmark = pytest.mark.anyio
@@ -44,8 +44,8 @@ def test_invalid_arguments_name_the_failing_path() -> None:
 
 def test_the_catalog_imports_no_tool_and_no_runtime() -> None:
     """What lets a starting server answer `tools/list` before the runtime loads."""
-    heavy = ["httpx", "aiohttp", "structlog", "conclave.runtime", "conclave.deliberation", "conclave.tools"]
-    probe = f"import sys, conclave.catalog\nprint([m for m in {heavy!r} if m in sys.modules])\n"
+    heavy = ["httpx", "aiohttp", "structlog", "conclave.app.runtime", "conclave.deliberation", "conclave.tools"]
+    probe = f"import sys, conclave.app.catalog\nprint([m for m in {heavy!r} if m in sys.modules])\n"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )

@@ -1,5 +1,5 @@
 """`conclave confer`, `coordinate` and `serve` as a user runs them: a subprocess against the simulated
-panel (itself a subprocess, `python -m conclave.sim --port 0`), scripted through its HTTP control API."""
+panel (itself a subprocess, `python -m conclave.app.sim --port 0`), scripted through its HTTP control API."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import httpx
 import pytest
 import yaml
 
-from conclave.cli import is_loopback, parse_bind
+from conclave.app.cli import is_loopback, parse_bind
+from conclave.app.render import LiveProgress, render_confer
 from conclave.deliberation import review
-from conclave.render import LiveProgress, render_confer
-from conclave.schemas import first_error
+from conclave.schema.schemas import first_error
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 PROPOSAL = {"proposal": "Use a write-through cache.", "rationale": "Reads dominate.", "confidence": 0.7}
@@ -68,7 +68,7 @@ class Panel:
 @pytest.fixture(scope="module")
 def sim_urls() -> Iterator[dict[str, str]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "conclave.sim", "--port", "0"],
+        [sys.executable, "-m", "conclave.app.sim", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

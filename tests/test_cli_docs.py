@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import conclave
-from conclave.cli import build_parser
+from conclave.app.cli import build_parser
 
 SOURCE = Path(conclave.__file__).parent
 

@@ -14,12 +14,12 @@ import pytest
 from aiohttp import web
 
 import conclave
-from conclave.config import Config
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.errors import InvalidArguments
 from conclave.deliberation.confer import confer
-from conclave.errors import InvalidArguments
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from conclave.config import load_config
-from conclave.errors import ConfigError
-from conclave.schemas import data_path
+from conclave.core.errors import ConfigError
+from conclave.schema.config import load_config
+from conclave.schema.schemas import data_path
 
 Write = Callable[..., Path]
 MINIMAL: dict[str, Any] = {

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from conclave.config import Config
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.coordinate import coordinate
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio

@@ -16,14 +16,14 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.config import Config
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
 from conclave.deliberation import review
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
 from conclave.deliberation.results import Ranking
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio

@@ -15,10 +15,10 @@ import httpx
 import orjson
 import pytest
 
-from conclave.config import load_config
-from conclave.demo import _revision_problems, conclave_command, demo_config, problems, run_demo
-from conclave.schemas import first_error
-from conclave.sim import SimPanel
+from conclave.app.demo import _revision_problems, conclave_command, demo_config, problems, run_demo
+from conclave.app.sim import SimPanel
+from conclave.schema.config import load_config
+from conclave.schema.schemas import first_error
 
 
 def conclave(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -113,8 +113,8 @@ async def test_the_demo_config_opens_fetch_to_the_page_only(tmp_path: Path) -> N
 async def test_the_demo_reports_a_failure_when_a_member_breaks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conclave import demo as demo_module
-    from conclave.sim import Reply, Scenario
+    from conclave.app import demo as demo_module
+    from conclave.app.sim import Reply, Scenario
 
     def broken(_url: str) -> Scenario:
         return Scenario(replies=(Reply(status=400),))

@@ -14,11 +14,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from conclave.config import Config
-from conclave.errors import InvalidArguments, ToolRefused
-from conclave.http import MemoryTransport, Transport
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.core.errors import InvalidArguments, ToolRefused
+from conclave.net.http import MemoryTransport, Transport
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conclave.gcpolicy import OLDER_THRESHOLDS, YOUNG_THRESHOLD
+from conclave.app.gcpolicy import OLDER_THRESHOLDS, YOUNG_THRESHOLD
 
 PROBE = "import gc, json; print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))"
 
@@ -24,6 +24,6 @@ def test_serving_gc_freezes_start_up_objects_and_raises_the_young_threshold() ->
 
 
 def test_importing_and_using_the_api_leaves_the_host_collector_alone() -> None:
-    threshold, frozen = _run(f"import conclave.api, conclave.runtime; {PROBE}")
+    threshold, frozen = _run(f"import conclave.app.api, conclave.app.runtime; {PROBE}")
     assert threshold == [700, 10, 10]
     assert frozen == 0

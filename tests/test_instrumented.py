@@ -13,17 +13,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from conclave._otel import OtelTracer
-from conclave.config import Config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import SimPanel
+from conclave.core.messages import Message
 from conclave.deliberation.confer import confer
 from conclave.deliberation.instrumented import InstrumentedSessionRunner
 from conclave.deliberation.session import SessionRunner
-from conclave.messages import Message
+from conclave.obs._otel import OtelTracer
+from conclave.obs.telemetry import Telemetry
+from conclave.obs.tracing import NoTracer
 from conclave.providers import InstrumentedProviderClient, ProviderClient
-from conclave.runtime import open_runtime
-from conclave.sim import SimPanel
-from conclave.telemetry import Telemetry
-from conclave.tracing import NoTracer
+from conclave.schema.config import Config
 from conclave.worker.instrumented import InstrumentedWorkerLoop
 from conclave.worker.loop import WorkerLoop, WorkerTurn
 

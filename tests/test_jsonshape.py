@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conclave.jsonshape import a_json_type, deepest_path, json_type, nests_deeper_than
+from conclave.schema.jsonshape import a_json_type, deepest_path, json_type, nests_deeper_than
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """A real model in the loop: Conclave against llama.cpp's server running SmolLM2-135M-Instruct on
-this machine (conclave/local.py), over both wires it speaks. One server serves the whole module.
+this machine (conclave/app/local.py), over both wires it speaks. One server serves the whole module.
 
 A 135M-parameter model answers fast and often wrongly, so nothing here checks what it says. What
 is checked is what Conclave promises whatever a model writes: usage as the server counted it, an
@@ -26,10 +26,8 @@ import anyio
 import httpx
 import pytest
 
-from conclave.api import Conclave
-from conclave.config import Config
-from conclave.http import AiohttpTransport, RequestHeaders, ResponseHeaders, Streamed, Transport
-from conclave.local import (
+from conclave.app.api import Conclave
+from conclave.app.local import (
     INSTALL,
     PACKAGES,
     LocalModelUnavailable,
@@ -40,7 +38,9 @@ from conclave.local import (
     model_path,
     with_system,
 )
-from conclave.schemas import first_error
+from conclave.net.http import AiohttpTransport, RequestHeaders, ResponseHeaders, Streamed, Transport
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 MISSING = (

@@ -18,7 +18,7 @@ from mcp import ClientSession, StdioServerParameters, types  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.shared.exceptions import McpError  # noqa: E402
 
-from conclave.sim import Reply, Scenario, SimPanel  # noqa: E402
+from conclave.app.sim import Reply, Scenario, SimPanel  # noqa: E402
 from tests.server_support import SERVE, panel_config  # noqa: E402
 
 pytestmark = pytest.mark.anyio

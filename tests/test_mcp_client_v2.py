@@ -20,8 +20,8 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.schemas import first_error
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.app.sim import Reply, Scenario, SimPanel
+from conclave.schema.schemas import first_error
 from tests.hardening.load import serve
 from tests.server_support import panel_config
 from tests.support import read_events

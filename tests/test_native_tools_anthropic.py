@@ -16,10 +16,17 @@ import httpx
 import orjson
 import pytest
 
-from conclave.config import Config
-from conclave.messages import Completion, CompletionRequest, Message, ToolDeclaration, ToolReturn, ToolUse
+from conclave.core.messages import (
+    Completion,
+    CompletionRequest,
+    Message,
+    ToolDeclaration,
+    ToolReturn,
+    ToolUse,
+)
 from conclave.providers.anthropic import AnthropicAdapter
-from conclave.strictjson import MAX_ARGUMENT_DEPTH
+from conclave.schema.config import Config
+from conclave.schema.strictjson import MAX_ARGUMENT_DEPTH
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from conclave.config import Config
-from conclave.messages import (
+from conclave.core.messages import (
     Completer,
     Completion,
     CompletionRequest,
@@ -27,6 +26,7 @@ from conclave.messages import (
     ToolReturn,
     ToolUse,
 )
+from conclave.schema.config import Config
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

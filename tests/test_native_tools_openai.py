@@ -13,8 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from conclave.config import Config
-from conclave.messages import (
+from conclave.core.messages import (
     Completion,
     CompletionRequest,
     Message,
@@ -22,6 +21,7 @@ from conclave.messages import (
     ToolReturn,
     ToolUse,
 )
+from conclave.schema.config import Config
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 import conclave
-from conclave.config import Config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
 from conclave.deliberation import review
 from conclave.deliberation.coordinate import coordinate
 from conclave.deliberation.roles import member_prompt, shared_system
-from conclave.http import MemoryTransport
-from conclave.runtime import open_runtime
-from conclave.schemas import data_path
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.net.http import MemoryTransport
+from conclave.schema.config import Config
+from conclave.schema.schemas import data_path
 
 pytestmark = pytest.mark.anyio
 

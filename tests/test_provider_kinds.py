@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conclave.config import ProviderKind
+from conclave.app.sim.kinds import WIRES
+from conclave.app.sim.server import BASE_PATHS
 from conclave.deliberation.session import NATIVE_KINDS
 from conclave.providers import ADAPTERS
 from conclave.providers.kinds import KINDS
-from conclave.sim.kinds import WIRES
-from conclave.sim.server import BASE_PATHS
+from conclave.schema.config import ProviderKind
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTERED = sorted(KINDS)
@@ -41,7 +41,7 @@ def kind_enums(node: Any, where: str) -> Iterator[tuple[str, list[Any]]]:
 
 def test_the_config_literal_names_the_registered_kinds() -> None:
     assert sorted(typing.get_args(ProviderKind)) == REGISTERED, (
-        f"conclave/config.py: ProviderKind must list the registered kinds {REGISTERED} {ADD_A_KIND}"
+        f"conclave/schema/config.py: ProviderKind must list the registered kinds {REGISTERED} {ADD_A_KIND}"
     )
 
 
@@ -60,7 +60,7 @@ def test_every_kind_enum_in_the_schemas_names_the_registered_kinds() -> None:
 
 def test_every_kind_has_its_simulated_counterpart() -> None:
     assert sorted(WIRES) == REGISTERED, (
-        f"conclave/sim/kinds/__init__.py: WIRES must hold one wire per registered kind {REGISTERED}"
+        f"conclave/app/sim/kinds/__init__.py: WIRES must hold one wire per registered kind {REGISTERED}"
     )
     assert sorted(BASE_PATHS) == REGISTERED
 
@@ -87,10 +87,10 @@ def test_what_depends_on_the_kind_is_read_from_the_registry() -> None:
 
 
 def test_tracing_does_not_load_the_registry() -> None:
-    """`conclave.tracing` is on the path a starting `conclave serve` takes before its first
+    """`conclave.obs.tracing` is on the path a starting `conclave serve` takes before its first
     answer; the registry brings the adapters and the HTTP stack (the provider client, which
     names the provider in its spans, reads the registry itself)."""
-    probe = "import sys, conclave.tracing\nprint('conclave.providers' in sys.modules)\n"
+    probe = "import sys, conclave.obs.tracing\nprint('conclave.providers' in sys.modules)\n"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )

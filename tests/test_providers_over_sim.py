@@ -11,8 +11,9 @@ import anyio
 import pytest
 
 import conclave
-from conclave.config import Config
-from conclave.errors import (
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
+from conclave.app.sim.recording import mask_secret
+from conclave.core.errors import (
     DeadlineExceeded,
     MalformedResponse,
     PermanentProviderError,
@@ -21,9 +22,8 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
-from conclave.messages import Completion, CompletionRequest, Message
-from conclave.sim import Reply, Rule, Scenario, SimPanel
-from conclave.sim.recording import mask_secret
+from conclave.core.messages import Completion, CompletionRequest, Message
+from conclave.schema.config import Config
 from tests.support import open_pool, read_events
 
 pytestmark = pytest.mark.anyio

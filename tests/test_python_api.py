@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import conclave
-from conclave.config import Config, load_config
+from conclave.app.sim import SimPanel
+from conclave.core.errors import ConclaveError, InvalidArguments
 from conclave.deliberation.results import Answer, RoleAnswer
-from conclave.errors import ConclaveError, InvalidArguments
-from conclave.schemas import first_error, load_schema
-from conclave.sim import SimPanel
+from conclave.schema.config import Config, load_config
+from conclave.schema.schemas import first_error, load_schema
 from tests.support import read_events
 
 
@@ -127,10 +127,10 @@ def test_a_process_that_only_sees_valid_calls_never_loads_what_only_failures_nee
     after it, run in a fresh interpreter against the simulated panel."""
     probe = f"""
 import asyncio, sys
-from conclave.config import load_config
-from conclave.errors import InvalidArguments
-from conclave.api import Conclave
-from conclave.sim import SimPanel
+from conclave.schema.config import load_config
+from conclave.core.errors import InvalidArguments
+from conclave.app.api import Conclave
+from conclave.app.sim import SimPanel
 LAZY = ["jsonschema", "tenacity", "conclave.tools.fetch", "conclave.tools.verify"]
 
 async def main():

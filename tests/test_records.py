@@ -1,4 +1,4 @@
-"""`@record` (conclave/records.py): frozen to the type checker, plain slots at run time.
+"""`@record` (conclave/core/records.py): frozen to the type checker, plain slots at run time.
 
 The run-time guard of `frozen=True` is traded for speed, so what stands in for it is checked
 here: `mypy --strict`, as CI runs it, must reject an assignment to a record's field, and
@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conclave.messages import Completion, Message, Usage
+from conclave.core.messages import Completion, Message, Usage
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SNIPPET = """\
-from conclave.messages import Usage
+from conclave.core.messages import Usage
 from conclave.worker.loop import WorkerTurn
 
 def bump(usage: Usage, turn: WorkerTurn) -> None:

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from conclave.api import Conclave
-from conclave.cli import build_parser, deliberation_arguments
+from conclave.app.api import Conclave
+from conclave.app.cli import build_parser, deliberation_arguments
 from conclave.deliberation.requests import (
     ConferRequest,
     CoordinateRequest,
     request_fields,
     request_from,
 )
-from conclave.schemas import load_schema
+from conclave.schema.schemas import load_schema
 
 REQUESTS = {"confer": ConferRequest, "coordinate": CoordinateRequest}
 

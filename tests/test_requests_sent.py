@@ -12,11 +12,11 @@ import anyio
 import orjson
 import pytest
 
-from conclave.config import Config
-from conclave.errors import MissingApiKey
-from conclave.messages import CompletionRequest, Message
+from conclave.core.errors import MissingApiKey
+from conclave.core.messages import CompletionRequest, Message
 from conclave.providers.base import Endpoint
 from conclave.providers.client import _Outgoing
+from conclave.schema.config import Config
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

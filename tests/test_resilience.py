@@ -12,8 +12,7 @@ import httpx
 import pytest
 import tenacity
 
-from conclave.config import Config, RetryConfig
-from conclave.errors import (
+from conclave.core.errors import (
     DeadlineExceeded,
     PermanentProviderError,
     ProviderError,
@@ -22,9 +21,10 @@ from conclave.errors import (
     RateLimited,
     TransientProviderError,
 )
-from conclave.http import TransportError
-from conclave.messages import Completion, CompletionRequest
+from conclave.core.messages import Completion, CompletionRequest
+from conclave.net.http import TransportError
 from conclave.providers.retry import StopAtAttemptsOrDeadline, stop_reason
+from conclave.schema.config import Config, RetryConfig
 from tests.conftest import FakeClock
 from tests.support import ScriptedTransport, Step, open_pool, provider_entry, read_events
 

@@ -25,7 +25,7 @@ from conclave.deliberation.roles import (
     synthesizer_prompt,
     turn_system,
 )
-from conclave.schemas import first_error, json_path, load_schema
+from conclave.schema.schemas import first_error, json_path, load_schema
 
 GOOD: dict[Role, dict[str, Any]] = {
     "proposer": {

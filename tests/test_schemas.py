@@ -22,9 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conclave._schema_accept import Unsupported, compile_acceptor
-from conclave.catalog import TOOLS
-from conclave.schemas import (
+from conclave.app.catalog import TOOLS
+from conclave.app.server.surface import describe
+from conclave.schema._schema_accept import Unsupported, compile_acceptor
+from conclave.schema.schemas import (
     _merge,
     acceptor,
     dereferenced,
@@ -36,7 +37,6 @@ from conclave.schemas import (
     schema_uri,
     validator,
 )
-from conclave.server.surface import describe
 
 SCHEMAS = sorted(p for p in Path(schema_dir()).rglob("*.json"))
 

@@ -11,11 +11,11 @@ import httpx
 import orjson
 import pytest
 
-from conclave.config import Config
-from conclave.errors import ProviderError
-from conclave.http import TransportError
-from conclave.messages import CompletionRequest
-from conclave.redact import SENSITIVE_KEYS, Redactor, spellings
+from conclave.core.errors import ProviderError
+from conclave.core.messages import CompletionRequest
+from conclave.net.http import TransportError
+from conclave.obs.redact import SENSITIVE_KEYS, Redactor, spellings
+from conclave.schema.config import Config
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

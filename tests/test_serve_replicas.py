@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.app.sim import Reply, Scenario, SimPanel
 from tests.redis_server import RedisServer
 from tests.server_support import panel_config
 from tests.support import read_events

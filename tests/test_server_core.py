@@ -9,11 +9,11 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave import schemas
-from conclave.config import Config
-from conclave.runtime import open_runtime
-from conclave.server import handlers
-from conclave.server.core import Server
+from conclave.app.runtime import open_runtime
+from conclave.app.server import handlers
+from conclave.app.server.core import Server
+from conclave.schema import schemas
+from conclave.schema.config import Config
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio
@@ -116,8 +116,8 @@ async def test_a_tools_call_checks_its_arguments_against_the_schema_exactly_once
 
 
 async def test_a_session_id_still_running_is_refused_with_its_reason(tmp_path: Path) -> None:
-    from conclave.config import load_config
-    from conclave.sim import SimPanel
+    from conclave.app.sim import SimPanel
+    from conclave.schema.config import load_config
     from tests.server_support import panel_config
 
     call = {"name": "confer", "arguments": {"question": "Which?", "session_id": "s-once"}}

@@ -13,13 +13,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from conclave.config import TasksConfig, load_config
-from conclave.runtime import open_runtime
-from conclave.schemas import validator
-from conclave.server.core import Server
-from conclave.server.http import build_app
-from conclave.server.tasks import TaskStore
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.app.runtime import open_runtime
+from conclave.app.server.core import Server
+from conclave.app.server.http import build_app
+from conclave.app.server.tasks import TaskStore
+from conclave.app.sim import Reply, Scenario, SimPanel
+from conclave.schema.config import TasksConfig, load_config
+from conclave.schema.schemas import validator
 from tests.server_support import panel_config
 from tests.support import read_events
 

@@ -13,13 +13,13 @@ import anyio
 import orjson
 import pytest
 
-from conclave import runtime as runtime_module
-from conclave.config import Config
-from conclave.runtime import open_runtime
-from conclave.server.core import Server
-from conclave.server.lifecycle import serving
-from conclave.sim import SimPanel
-from conclave.telemetry import Telemetry
+from conclave.app import runtime as runtime_module
+from conclave.app.runtime import open_runtime
+from conclave.app.server.core import Server
+from conclave.app.server.lifecycle import serving
+from conclave.app.sim import SimPanel
+from conclave.obs.telemetry import Telemetry
+from conclave.schema.config import Config
 from tests.server_support import panel_config, start_server
 
 pytestmark = pytest.mark.anyio
@@ -140,9 +140,9 @@ async def test_a_runtime_that_fails_to_open_ends_serving_with_that_error(
 def test_the_stdio_server_front_loads_without_the_http_stack_or_the_deliberation_code() -> None:
     """What makes `serve` answer its first request fast: the modules it imports before
     answering. The runtime's half loads on a worker thread (server.lifecycle)."""
-    heavy = ["aiohttp", "httpx", "conclave.runtime", "conclave.deliberation", "conclave.providers"]
+    heavy = ["aiohttp", "httpx", "conclave.app.runtime", "conclave.deliberation", "conclave.providers"]
     probe = (
-        "import sys, conclave.cli, conclave.server.stdio\n"
+        "import sys, conclave.app.cli, conclave.app.server.stdio\n"
         f"print([m for m in {heavy!r} if m in sys.modules])\n"
     )
     out = subprocess.run(

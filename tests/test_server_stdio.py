@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.schemas import validator
-from conclave.server.stdio import MAX_LINE_BYTES, _is_pipe
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.app.server.stdio import MAX_LINE_BYTES, _is_pipe
+from conclave.app.sim import Reply, Scenario, SimPanel
+from conclave.schema.schemas import validator
 from tests.server_support import StdioServer, panel_config, start_server
 
 pytestmark = pytest.mark.anyio

@@ -27,13 +27,13 @@ import pytest
 import yaml
 
 import conclave
-from conclave.catalog import Invocation, tool_spec
-from conclave.config import Config, load_config
+from conclave.app.catalog import Invocation, tool_spec
+from conclave.app.runtime import open_runtime
+from conclave.app.server.surface import describe
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario
 from conclave.deliberation.results import ConferResult, CoordinateResult, RoleAnswer
-from conclave.runtime import open_runtime
-from conclave.schemas import acceptor, relative_path, resolve, schema_uri, validator
-from conclave.server.surface import describe
-from conclave.sim import NativeCall, Reply, Rule, Scenario
+from conclave.schema.config import Config, load_config
+from conclave.schema.schemas import acceptor, relative_path, resolve, schema_uri, validator
 
 CHAIR_ASK = "Write the final answer to the question"  # confer's synthesis (chair.user.txt)
 CRITIC_ASK = "Review this proposal on your own"

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conclave.config import Config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.coordinate import coordinate
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.schema.config import Config
 
 pytestmark = pytest.mark.anyio
 

@@ -15,10 +15,10 @@ import anyio
 import httpx
 import pytest
 
-from conclave.config import Config
-from conclave.errors import PermanentProviderError
-from conclave.messages import Completion, CompletionRequest, Message, ToolDeclaration, ToolReturn
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.errors import PermanentProviderError
+from conclave.core.messages import Completion, CompletionRequest, Message, ToolDeclaration, ToolReturn
+from conclave.schema.config import Config
 from tests.support import open_pool
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 
-from conclave.sim import ReceivedRequest, Reply, Rule, Scenario, SimPanel, mask_secret
+from conclave.app.sim import ReceivedRequest, Reply, Rule, Scenario, SimPanel, mask_secret
 
 pytestmark = pytest.mark.anyio
 
@@ -686,7 +686,7 @@ def test_scenario_from_dict_refuses_what_a_script_cannot_mean(bad: Any) -> None:
 
 def test_running_the_module_prints_the_three_base_urls_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conclave.sim", "--port", "0"],
+        [sys.executable, "-m", "conclave.app.sim", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

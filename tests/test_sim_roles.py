@@ -1,4 +1,4 @@
-"""The simulated panel's default role answers (`conclave/sim/roles.py`): the prompts Conclave
+"""The simulated panel's default role answers (`conclave/app/sim/roles.py`): the prompts Conclave
 really builds get envelopes its own parser accepts, plain prompts get none, and a panel only
 answers roles when asked to."""
 
@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+from conclave.app.sim import SimPanel
+from conclave.app.sim.roles import ASKS, role_answer, which_ask
 from conclave.deliberation import roles
 from conclave.deliberation.review import ranking_problem
-from conclave.sim import SimPanel
-from conclave.sim.roles import ASKS, role_answer, which_ask
 
 PROPOSAL = {"proposal": "Use a token bucket.", "rationale": "Simple, bursty traffic."}
 CRITIQUE = {"critic": "b", "envelope": {"verdict": "revise", "issues": []}}

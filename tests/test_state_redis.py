@@ -15,15 +15,15 @@ import pytest
 import yaml
 from aiohttp import web
 
-from conclave.catalog import Invocation
-from conclave.config import Config, load_config
+from conclave.app.catalog import Invocation
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.server.handlers import run_list_providers
+from conclave.app.sim import SimPanel
+from conclave.core.errors import BreakerOpen, ConfigError, ProviderError, SessionInFlight
+from conclave.core.messages import CompletionRequest
 from conclave.deliberation.confer import confer
-from conclave.errors import BreakerOpen, ConfigError, ProviderError, SessionInFlight
-from conclave.http import MemoryTransport
-from conclave.messages import CompletionRequest
-from conclave.runtime import Runtime, open_runtime
-from conclave.server.handlers import run_list_providers
-from conclave.sim import SimPanel
+from conclave.net.http import MemoryTransport
+from conclave.schema.config import Config, load_config
 from conclave.state.redis_backend import RedisState, Unavailable
 from tests.redis_server import RedisServer
 from tests.server_support import panel_config

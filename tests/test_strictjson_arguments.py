@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conclave.strictjson import MAX_ARGUMENT_BYTES, MAX_ARGUMENT_DEPTH, tool_arguments
+from conclave.schema.strictjson import MAX_ARGUMENT_BYTES, MAX_ARGUMENT_DEPTH, tool_arguments
 
 
 def test_an_object_string_is_decoded() -> None:

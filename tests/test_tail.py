@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conclave.tail import Filters, Follower, format_event, matches
+from conclave.app.tail import Filters, Follower, format_event, matches
 
 TS = "2025-05-02T09:30:01.250000+00:00"
 EVENTS: list[dict[str, Any]] = [

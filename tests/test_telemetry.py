@@ -10,12 +10,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conclave.config import Config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.confer import confer
-from conclave.redact import REDACTED, Redactor
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Scenario, SimPanel
-from conclave.telemetry import Telemetry, UtcStamp, session
+from conclave.obs.redact import REDACTED, Redactor
+from conclave.obs.telemetry import Telemetry, UtcStamp, session
+from conclave.schema.config import Config
 from tests.support import read_events
 
 SECRET = "configured-0123456789-secret"  # no credential shape: only the configured value can catch it

@@ -23,15 +23,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from conclave import tracing
-from conclave._otel import OtelTracer
-from conclave.config import Config
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.errors import ConfigError
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
-from conclave.errors import ConfigError
-from conclave.runtime import open_runtime
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
-from conclave.telemetry import Telemetry, traced
+from conclave.obs import tracing
+from conclave.obs._otel import OtelTracer
+from conclave.obs.telemetry import Telemetry, traced
+from conclave.schema.config import Config
 
 pytestmark = pytest.mark.anyio
 
@@ -209,7 +209,7 @@ async def test_spans_reach_an_otlp_receiver_over_http_from_the_command_line(
 
 def test_with_tracing_off_nothing_of_opentelemetry_is_imported(tmp_path: Path) -> None:
     script = (
-        "import sys, conclave.runtime, conclave.telemetry, conclave.server.core, conclave.deliberation.coordinate\n"
+        "import sys, conclave.app.runtime, conclave.obs.telemetry, conclave.app.server.core, conclave.deliberation.coordinate\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run(
@@ -219,7 +219,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported(tmp_path: Path) -
 
 
 def test_tracing_on_without_the_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "conclave._otel", None)  # as if opentelemetry were absent
+    monkeypatch.setitem(sys.modules, "conclave.obs._otel", None)  # as if opentelemetry were absent
     with pytest.raises(ConfigError, match=r"conclave\[otel\]"):
         tracing.tracer_for(True)
     assert tracing.tracer_for(False) is tracing.NO_TRACER

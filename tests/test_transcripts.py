@@ -15,7 +15,7 @@ import pytest
 
 from conclave.deliberation import transcripts
 from conclave.deliberation.transcripts import TranscriptWriter, atomic_write, write_new_atomically
-from conclave.redact import Redactor
+from conclave.obs.redact import Redactor
 
 
 def test_a_crash_mid_write_leaves_no_partial_file_and_no_temporary(tmp_path: Path) -> None:

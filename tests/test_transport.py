@@ -1,4 +1,4 @@
-"""The transport seam (conclave/http.py): what `AiohttpTransport` reports for each way a request
+"""The transport seam (conclave/net/http.py): what `AiohttpTransport` reports for each way a request
 can fail to get an answer, over real loopback sockets that misbehave on purpose; streamed bodies
 arriving as they are sent; the shared httpx client over the seam; and `MemoryTransport` keeping
 the same contract, so the tests that use it drive the production path above the seam."""
@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from conclave.http import AiohttpTransport, MemoryTransport, TransportError, make_http_client
+from conclave.net.http import AiohttpTransport, MemoryTransport, TransportError, make_http_client
 
 pytestmark = pytest.mark.anyio
 

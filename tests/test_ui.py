@@ -21,19 +21,19 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from conclave.cli import main as cli_main
-from conclave.config import Config
-from conclave.demo import CRITIC_ASK, PROPOSER_ASK, SYNTHESIZER_ASK, run_demo
-from conclave.runner import run_tool
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
-from conclave.simulated import simulated_config
-from conclave.ui import build_app, mount
-from conclave.ui.app import CSP
-from conclave.ui.markup import Safe, el, escape
-from conclave.ui.model import from_events, from_transcript
-from conclave.ui.pages import session_body
-from conclave.ui.sessions import RECENT, Sessions
+from conclave.app.cli import main as cli_main
+from conclave.app.demo import CRITIC_ASK, PROPOSER_ASK, SYNTHESIZER_ASK, run_demo
+from conclave.app.runner import run_tool
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
+from conclave.app.sim.simulated import simulated_config
+from conclave.app.ui import build_app, mount
+from conclave.app.ui.app import CSP
+from conclave.app.ui.markup import Safe, el, escape
+from conclave.app.ui.model import from_events, from_transcript
+from conclave.app.ui.pages import session_body
+from conclave.app.ui.sessions import RECENT, Sessions
+from conclave.schema.config import Config
 from tests.ui_support import IMG, SCRIPT, hostile_session, model, workdir_config
 
 

@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 
-from conclave.demo import run_demo
+from conclave.app.demo import run_demo
 from tests.browser import chromium, conclave_ui, why_no_browser
 from tests.ui_support import IMG, SCRIPT, hostile_session, slow_session, workdir_config
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conclave.errors import CallerError
-from conclave.schemas import first_error, json_path
+from conclave.core.errors import CallerError
+from conclave.schema.schemas import first_error, json_path
 from conclave.tools import verify as verify_module
 from conclave.tools.verify import MAX_CHECKS, REGEX_TIMEOUT_SECONDS, render_verify, run_verify
 

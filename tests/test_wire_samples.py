@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.config import Config
-from conclave.errors import MalformedResponse, PermanentProviderError, ProviderError
-from conclave.messages import Completion, CompletionRequest
+from conclave.core.errors import MalformedResponse, PermanentProviderError, ProviderError
+from conclave.core.messages import Completion, CompletionRequest
+from conclave.schema.config import Config
 from tests.support import ScriptedTransport, open_pool, provider_entry
 
 pytestmark = pytest.mark.anyio

@@ -18,13 +18,13 @@ import anyio
 import pytest
 
 import conclave
-from conclave.budgets import CostCap
-from conclave.config import Config
-from conclave.messages import Message
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.budgets import CostCap
+from conclave.core.messages import Message
 from conclave.providers.scripted import ScriptedProvider
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from conclave.worker.encodings import ToolMode
 from conclave.worker.forgery import find_imitation
 from conclave.worker.loop import WorkerOutcome, WorkerTurn

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from conclave.budgets import CostCap
-from conclave.config import Config
-from conclave.messages import CompletionRequest, Message
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.core.budgets import CostCap
+from conclave.core.messages import CompletionRequest, Message
 from conclave.providers.scripted import ScriptedProvider, ScriptedReply
-from conclave.runtime import Runtime, open_runtime
+from conclave.schema.config import Config
 from conclave.worker.loop import WorkerLoop, WorkerOutcome, WorkerTurn
 from conclave.worker.untrusted import find_live_markup
 from tests.support import read_events
@@ -487,7 +487,7 @@ async def test_with_tools_the_hint_describes_tools_syntax_budget_and_untrusted_r
 async def test_a_provider_failure_mid_turn_keeps_what_earlier_hops_cost(
     runtime: Runtime, pages: Pages
 ) -> None:
-    from conclave.errors import ProviderUnreachable
+    from conclave.core.errors import ProviderUnreachable
 
     def fail(_request: CompletionRequest) -> str:
         raise ProviderUnreachable("dropped", provider="p", code="connection_dropped")

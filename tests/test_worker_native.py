@@ -16,13 +16,13 @@ import pytest
 from aiohttp import web
 
 import conclave
-from conclave.budgets import CostCap
-from conclave.config import Config, ProviderConfig
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.budgets import CostCap
+from conclave.core.messages import Message
 from conclave.deliberation.session import default_tool_mode, tool_mode
-from conclave.messages import Message
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import Config, ProviderConfig
+from conclave.schema.schemas import first_error
 from conclave.worker.encodings import ToolMode
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
 from conclave.worker.untrusted import neutralize

@@ -9,11 +9,11 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.budgets import CostCap
-from conclave.config import Config
-from conclave.messages import Message
-from conclave.runtime import open_runtime
-from conclave.sim import Reply, Rule, Scenario, SimPanel
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel
+from conclave.core.budgets import CostCap
+from conclave.core.messages import Message
+from conclave.schema.config import Config
 from conclave.worker.loop import WorkerLoop, WorkerTurn
 from tests.support import system_text, text_page
 

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conclave.config import Config, load_config
-from conclave.demo import demo_config, page_server
-from conclave.runner import run_tool
-from conclave.runtime import open_runtime
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
-from conclave.simulated import SIMULATED_MEMBERS
+from conclave.app.demo import demo_config, page_server
+from conclave.app.runner import run_tool
+from conclave.app.runtime import open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.app.sim.simulated import SIMULATED_MEMBERS
+from conclave.schema.config import Config, load_config
 
 # What a hostile page and a model quoting it write: were any of it taken as markup, `__pwned` is set.
 SCRIPT = "<script>window.__pwned=1</script>"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from conclave.config import Config
+from conclave.app.runtime import Runtime
+from conclave.core.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
 from conclave.deliberation.results import Answer
-from conclave.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
-from conclave.runtime import Runtime
+from conclave.schema.config import Config
 from conclave.worker.loop import WorkerOutcome
 
 

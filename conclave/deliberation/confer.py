@@ -16,6 +16,8 @@ from typing import Any
 
 import anyio
 
+from conclave.app.runtime import Runtime
+from conclave.core.errors import InvalidArguments
 from conclave.deliberation import pipeline, review
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.pipeline import Stage
@@ -40,8 +42,6 @@ from conclave.deliberation.roles import (
 )
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
-from conclave.errors import InvalidArguments
-from conclave.runtime import Runtime
 
 
 async def confer(

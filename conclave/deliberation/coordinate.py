@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from conclave.config import RolesConfig
+from conclave.app.runtime import Runtime
 from conclave.deliberation import pipeline
 from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import summarize, what_drives_the_bound
@@ -34,7 +34,7 @@ from conclave.deliberation.roles import (
 )
 from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
-from conclave.runtime import Runtime
+from conclave.schema.config import RolesConfig
 
 TOOL_ROLES = ("proposer", "critic")
 ROLES: tuple[Role, ...] = ("proposer", "critic", "synthesizer")

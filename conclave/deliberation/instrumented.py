@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from conclave.deliberation.session import Deliberation, Result, Session, Sessions
-from conclave.telemetry import caller_traceparent
-from conclave.tracing import Tracer
+from conclave.obs.telemetry import caller_traceparent
+from conclave.obs.tracing import Tracer
 
 
 class InstrumentedSessionRunner:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conclave.config import Config, ProviderConfig
+from conclave.schema.config import Config, ProviderConfig
 
 PER_MESSAGE_TOKENS = 16
 FIXED_OVERHEAD_TOKENS = 64

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from conclave.config import CostCapMode, WorkerToolMode
+from conclave.schema.config import CostCapMode, WorkerToolMode
 
 # Arguments that arrive as JSON arrays and are kept as tuples, so a request is immutable.
 _SEQUENCES = frozenset({"providers", "critics", "worker_tools"})

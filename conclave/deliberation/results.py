@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
-from conclave.budgets import CostCapReport
+from conclave.core.budgets import CostCapReport
+from conclave.core.messages import Usage
+from conclave.core.records import record
 from conclave.deliberation.roles import Role
-from conclave.messages import Usage
-from conclave.records import record
 from conclave.worker.loop import InnerCall
 
 OPERATOR_PROMPT = (

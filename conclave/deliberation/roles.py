@@ -22,9 +22,9 @@ from pathlib import Path
 from string import Template
 from typing import Any, Literal, get_args
 
-from conclave.jsonshape import a_json_type
-from conclave.schemas import first_error, json_path, load_schema
-from conclave.strictjson import StrictJSONError, strict_decoder
+from conclave.schema.jsonshape import a_json_type
+from conclave.schema.schemas import first_error, json_path, load_schema
+from conclave.schema.strictjson import StrictJSONError, strict_decoder
 from conclave.worker.untrusted import neutralize
 
 Role = Literal["proposer", "critic", "synthesizer", "reviewer"]

@@ -21,8 +21,10 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from conclave.budgets import CostCap, CostCapReport, combined
-from conclave.config import ProviderConfig
+from conclave.app.runtime import Runtime
+from conclave.core.budgets import CostCap, CostCapReport, combined
+from conclave.core.errors import SessionInFlight
+from conclave.core.messages import Message, Usage
 from conclave.deliberation.answers import answer_from, unknown_provider
 from conclave.deliberation.plan import TurnShape, planned_call
 from conclave.deliberation.requests import CallRequest
@@ -33,11 +35,9 @@ from conclave.deliberation.results import (
     CostCapSummary,
     ToolUseSummary,
 )
-from conclave.errors import SessionInFlight
-from conclave.messages import Message, Usage
+from conclave.obs.telemetry import session as bind_session
 from conclave.providers.kinds import KINDS
-from conclave.runtime import Runtime
-from conclave.telemetry import session as bind_session
+from conclave.schema.config import ProviderConfig
 from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
 from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn

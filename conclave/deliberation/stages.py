@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from conclave.config import RolesConfig
+from conclave.core.messages import Message
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.results import Answer, RoleAnswer, Totals
 from conclave.deliberation.roles import (
@@ -24,7 +24,7 @@ from conclave.deliberation.roles import (
     turn_system,
 )
 from conclave.deliberation.session import Session
-from conclave.messages import Message
+from conclave.schema.config import RolesConfig
 
 MAX_ECHO_CHARS = 20_000
 # A check beyond the schema (a reviewer's ranking must hold exactly the labels it was shown):

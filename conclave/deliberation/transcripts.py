@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from conclave.redact import Redactor
-from conclave.telemetry import UtcStamp
+from conclave.obs.redact import Redactor
+from conclave.obs.telemetry import UtcStamp
 
 
 class TranscriptWriter:

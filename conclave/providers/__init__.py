@@ -9,17 +9,17 @@ from collections.abc import Callable, Iterator
 
 import anyio
 
-from conclave.breaker import BreakerState, Clock
-from conclave.config import Config
-from conclave.errors import ConfigError
-from conclave.http import Transport
+from conclave.core.breaker import BreakerState, Clock
+from conclave.core.errors import ConfigError
+from conclave.net.http import Transport
+from conclave.obs.telemetry import Telemetry
 from conclave.providers.base import Adapter
 from conclave.providers.client import CompletionClient, ProviderClient, Sleep
 from conclave.providers.instrumented import InstrumentedProviderClient
 from conclave.providers.kinds import KINDS
+from conclave.schema.config import Config
 from conclave.state import StateBackend
 from conclave.state.memory import MemoryState
-from conclave.telemetry import Telemetry
 
 ADAPTERS: dict[str, Adapter] = {kind: spec.adapter for kind, spec in KINDS.items()}
 

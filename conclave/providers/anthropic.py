@@ -14,8 +14,7 @@ import copy
 import re
 from typing import Any, ClassVar
 
-from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
+from conclave.core.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -27,7 +26,8 @@ from conclave.providers.base import (
     bare_model,
     header_text,
 )
-from conclave.strictjson import tool_arguments
+from conclave.schema.config import ProviderConfig
+from conclave.schema.strictjson import tool_arguments
 
 API_VERSION = "2023-06-01"
 # Claude Opus 4.7 / 4.8 / 5 reject sampling settings altogether (pydantic-ai profile).

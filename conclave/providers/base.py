@@ -10,19 +10,19 @@ from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Literal, Protocol
 
 from conclave import __version__
-from conclave.config import ProviderConfig
-from conclave.errors import (
+from conclave.core.errors import (
     PermanentProviderError,
     ProviderError,
     ProviderTimeout,
     RateLimited,
     TransientProviderError,
 )
-from conclave.http import ResponseHeaders
-from conclave.messages import CompletionRequest, ToolUse, Usage
-from conclave.records import record
+from conclave.core.messages import CompletionRequest, ToolUse, Usage
+from conclave.core.records import record
+from conclave.net.http import ResponseHeaders
+from conclave.schema.config import ProviderConfig
 
-Headers = ResponseHeaders  # a response's headers, as the transport hands them over (see conclave.http)
+Headers = ResponseHeaders  # a response's headers, as the transport hands them over (see conclave.net.http)
 # Every request names its client, as the providers' own SDKs do. Set here rather than left to
 # aiohttp, whose default would name aiohttp (and skipping it costs a header set per request).
 JSON_HEADERS: Mapping[str, str] = {

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import orjson
 
-from conclave.breaker import Clock
-from conclave.config import ProviderConfig, RetryConfig
-from conclave.errors import (
+from conclave.core.breaker import Clock
+from conclave.core.errors import (
     DeadlineExceeded,
     MalformedResponse,
     MissingApiKey,
@@ -26,13 +25,14 @@ from conclave.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.http import Transport, TransportError
-from conclave.messages import Completion, CompletionRequest
+from conclave.core.messages import Completion, CompletionRequest
+from conclave.core.records import record
+from conclave.net.http import Transport, TransportError
+from conclave.obs.telemetry import Telemetry
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
 from conclave.providers.pricing import cost_usd
-from conclave.records import record
+from conclave.schema.config import ProviderConfig, RetryConfig
 from conclave.state.base import Breaker, Slots
-from conclave.telemetry import Telemetry
 
 if TYPE_CHECKING:  # tenacity is imported by the first call that has to retry (_Attempts)
     from tenacity import RetryCallState

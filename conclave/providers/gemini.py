@@ -14,8 +14,7 @@ import re
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Message, ToolReturn, ToolUse, Usage
+from conclave.core.messages import CompletionRequest, Message, ToolReturn, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -26,7 +25,8 @@ from conclave.providers.base import (
     as_int,
     parse_duration,
 )
-from conclave.strictjson import tool_arguments
+from conclave.schema.config import ProviderConfig
+from conclave.schema.strictjson import tool_arguments
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 _FILTERED = frozenset(

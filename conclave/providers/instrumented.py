@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from conclave.breaker import Clock
-from conclave.errors import ProviderError
-from conclave.messages import Completion, CompletionRequest
+from conclave.core.breaker import Clock
+from conclave.core.errors import ProviderError
+from conclave.core.messages import Completion, CompletionRequest
+from conclave.obs.redact import Redactor
+from conclave.obs.telemetry import Telemetry
 from conclave.providers.client import CompletionClient
 from conclave.providers.kinds import KINDS
-from conclave.redact import Redactor
-from conclave.telemetry import Telemetry
 
 
 class InstrumentedProviderClient:

@@ -12,8 +12,7 @@ from typing import Any, ClassVar
 import httpx
 import orjson
 
-from conclave.config import ProviderConfig
-from conclave.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
+from conclave.core.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
     Endpoint,
@@ -25,7 +24,8 @@ from conclave.providers.base import (
     bare_model,
     header_text,
 )
-from conclave.strictjson import tool_arguments
+from conclave.schema.config import ProviderConfig
+from conclave.schema.strictjson import tool_arguments
 
 # Models that always reason and so reject sampling parameters and `max_tokens`
 # (pydantic-ai's OpenAI profile, verified against the live API 2026-07).

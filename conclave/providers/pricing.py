@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conclave.config import PriceConfig
-from conclave.messages import Usage
+from conclave.core.messages import Usage
+from conclave.schema.config import PriceConfig
 
 _PER_MTOK = 1_000_000.0
 

@@ -15,8 +15,8 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from conclave.config import RetryConfig
-from conclave.errors import ProviderError, TransientProviderError
+from conclave.core.errors import ProviderError, TransientProviderError
+from conclave.schema.config import RetryConfig
 
 # Why retrying stopped, for the final error's message ("" while it has not).
 RETRY_AFTER_TOO_LONG = "retry_after_too_long"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from conclave.messages import Completion, CompletionRequest, ToolUse, Usage
+from conclave.core.messages import Completion, CompletionRequest, ToolUse, Usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from conclave.breaker import BreakerState
-from conclave.budgets import EgressBudget
+from conclave.core.breaker import BreakerState
+from conclave.core.budgets import EgressBudget
 
 # Told of a breaker's change: provider name, new state, consecutive failures.
 BreakerListener = Callable[[str, BreakerState, int], None]

@@ -7,9 +7,9 @@ from typing import Any
 
 import anyio
 
-from conclave.breaker import BreakerState, CircuitBreaker, Clock
-from conclave.budgets import EgressBudget, EgressLedger
-from conclave.config import Config
+from conclave.core.breaker import BreakerState, CircuitBreaker, Clock
+from conclave.core.budgets import EgressBudget, EgressLedger
+from conclave.schema.config import Config
 from conclave.state.base import BreakerListener
 
 

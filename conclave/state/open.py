@@ -7,12 +7,12 @@ import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
-from conclave.breaker import Clock
-from conclave.config import Config, redis_backend_problem
-from conclave.errors import ConfigError
+from conclave.core.breaker import Clock
+from conclave.core.errors import ConfigError
+from conclave.obs.telemetry import Telemetry
+from conclave.schema.config import Config, redis_backend_problem
 from conclave.state.base import StateBackend
 from conclave.state.memory import MemoryState
-from conclave.telemetry import Telemetry
 
 
 @contextlib.asynccontextmanager

@@ -36,13 +36,13 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from conclave.breaker import BreakerState, CircuitBreaker, Clock, breaker_open
-from conclave.budgets import EgressBudget, EgressExhausted
-from conclave.config import Config
+from conclave.core.breaker import BreakerState, CircuitBreaker, Clock, breaker_open
+from conclave.core.budgets import EgressBudget, EgressExhausted
+from conclave.obs.telemetry import Telemetry
+from conclave.schema.config import Config
 from conclave.state.base import BreakerListener
 from conclave.state.lua import SCRIPTS
 from conclave.state.memory import LocalSessions, MemoryState
-from conclave.telemetry import Telemetry
 
 _SYNC_SECONDS = 0.25  # how stale a replica's view of the shared breakers and cancels may be
 # The most a breaker's mirror may lag Redis when a call or `list_providers` relies on it: what

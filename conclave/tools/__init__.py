@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conclave.catalog import TOOLS, Invocation
+from conclave.app.catalog import TOOLS, Invocation
 from conclave.tools.context import ToolContext
 from conclave.tools.registry import ToolRegistry
 

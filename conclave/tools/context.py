@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import anyio
 import httpx
 
-from conclave.breaker import CircuitBreaker, Clock
-from conclave.budgets import EgressBudget
-from conclave.config import Config
+from conclave.core.breaker import CircuitBreaker, Clock
+from conclave.core.budgets import EgressBudget
+from conclave.obs.telemetry import Telemetry
+from conclave.schema.config import Config
 from conclave.state.base import StateBackend
 from conclave.state.memory import MemoryState
-from conclave.telemetry import Telemetry
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]

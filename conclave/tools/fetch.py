@@ -23,10 +23,10 @@ from urllib.parse import urljoin
 import anyio
 import httpx
 
-from conclave.breaker import CircuitBreaker
-from conclave.budgets import EgressBudget, EgressExhausted
-from conclave.errors import BreakerOpen, ToolRefused
-from conclave.http import TransportError
+from conclave.core.breaker import CircuitBreaker
+from conclave.core.budgets import EgressBudget, EgressExhausted
+from conclave.core.errors import BreakerOpen, ToolRefused
+from conclave.net.http import TransportError
 from conclave.tools.context import IPAddress, ToolContext
 from conclave.tools.html_text import html_to_text
 from conclave.tools.netguard import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from conclave.catalog import Invocation, ToolSpec
-from conclave.errors import UnknownTool
-from conclave.schemas import acceptor
+from conclave.app.catalog import Invocation, ToolSpec
+from conclave.core.errors import UnknownTool
+from conclave.schema.schemas import acceptor
 
 if TYPE_CHECKING:
     from conclave.tools.context import ToolContext

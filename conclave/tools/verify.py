@@ -27,9 +27,9 @@ import anyio.lowlevel
 import anyio.to_process
 import anyio.to_thread
 
-from conclave.errors import CallerError
-from conclave.jsonshape import json_type, nests_deeper_than
-from conclave.schemas import json_path
+from conclave.core.errors import CallerError
+from conclave.schema.jsonshape import json_type, nests_deeper_than
+from conclave.schema.schemas import json_path
 from conclave.tools.arithmetic import ExpressionRefused, Number, evaluate, show_number
 
 if TYPE_CHECKING:

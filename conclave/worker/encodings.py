@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-from conclave.messages import Completion, Message, ToolChoice, ToolDeclaration, ToolReturn
-from conclave.records import record
+from conclave.core.messages import Completion, Message, ToolChoice, ToolDeclaration, ToolReturn
+from conclave.core.records import record
 from conclave.tools import ToolRegistry
 from conclave.worker.hint import declarations, native_hint, tool_hint, with_hint
 from conclave.worker.tags import ToolCall, find_tool_call

@@ -32,8 +32,8 @@ import re
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from conclave.errors import ProviderError
-from conclave.records import record
+from conclave.core.errors import ProviderError
+from conclave.core.records import record
 from conclave.worker._folding import folded_views
 
 __all__ = ["FORGED_TOOL_OUTPUT", "ForgedToolOutput", "Imitation", "find_imitation", "usable"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from conclave.messages import ToolDeclaration
+from conclave.core.messages import ToolDeclaration
 from conclave.tools import ToolRegistry
 
 _PROMPTS = Path(__file__).resolve().parent.parent / "prompts"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conclave.tracing import Tracer
+from conclave.obs.tracing import Tracer
 from conclave.worker.loop import Worker, WorkerOutcome, WorkerTurn, check_tools
 
 

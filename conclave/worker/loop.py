@@ -25,12 +25,18 @@ from typing import Any, Protocol
 
 import anyio
 
-from conclave.budgets import CostCap, CostCapReport, CostMeter, HopBudget
-from conclave.config import WorkerToolsConfig
-from conclave.errors import InvalidArguments, PermanentProviderError, ProviderError, ToolError, ToolRefused
-from conclave.messages import Completer, Completion, CompletionRequest, Message, Usage
-from conclave.records import record
-from conclave.telemetry import Telemetry, session
+from conclave.core.budgets import CostCap, CostCapReport, CostMeter, HopBudget
+from conclave.core.errors import (
+    InvalidArguments,
+    PermanentProviderError,
+    ProviderError,
+    ToolError,
+    ToolRefused,
+)
+from conclave.core.messages import Completer, Completion, CompletionRequest, Message, Usage
+from conclave.core.records import record
+from conclave.obs.telemetry import Telemetry, session
+from conclave.schema.config import WorkerToolsConfig
 from conclave.tools import ToolContext, ToolRegistry
 from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode, Toolset
 from conclave.worker.forgery import FORGED_TOOL_OUTPUT, ForgedToolOutput, Imitation, find_imitation, usable

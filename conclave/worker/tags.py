@@ -12,9 +12,9 @@ import json
 import re
 from typing import Any
 
-from conclave.jsonshape import a_json_type
-from conclave.records import record
-from conclave.strictjson import StrictJSONError, quote_key, strict_decoder
+from conclave.core.records import record
+from conclave.schema.jsonshape import a_json_type
+from conclave.schema.strictjson import StrictJSONError, quote_key, strict_decoder
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"

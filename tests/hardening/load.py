@@ -49,8 +49,8 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 from httpx_aiohttp import AiohttpTransport
 
-from conclave.redact import Redactor
-from conclave.schemas import first_error
+from conclave.obs.redact import Redactor
+from conclave.schema.schemas import first_error
 
 Transport = Literal["stdio", "http"]
 TRANSPORTS: tuple[Transport, ...] = ("stdio", "http")
@@ -363,7 +363,7 @@ def _child_env() -> dict[str, str]:
 
 
 class SimProcess:
-    """`python -m conclave.sim --port 0 --no-record` in its own process, scripted for the load."""
+    """`python -m conclave.app.sim --port 0 --no-record` in its own process, scripted for the load."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -373,7 +373,7 @@ class SimProcess:
     async def __aenter__(self) -> SimProcess:
         stderr = (self.workdir / "sim.stderr").open("wb")
         self._process = await anyio.open_process(
-            [sys.executable, "-m", "conclave.sim", "--port", "0", "--no-record"],
+            [sys.executable, "-m", "conclave.app.sim", "--port", "0", "--no-record"],
             stdout=-1,
             stderr=stderr,
             env=_child_env(),
@@ -535,7 +535,7 @@ class HttpServer:
         self.unexpected: list[Any] = []
         self.progress: dict[Any, list[Any]] = {}
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        # httpx's own pool degrades badly at hundreds of concurrent requests (see conclave/http.py),
+        # httpx's own pool degrades badly at hundreds of concurrent requests (see conclave/net/http.py),
         # which would measure the client; its API over the aiohttp transport does not.
         transport = AiohttpTransport(limits=limits, trust_env=False)
         self.client = httpx.AsyncClient(

@@ -32,13 +32,13 @@ import pytest
 import yaml
 
 import conclave
-from conclave.catalog import tool_spec
-from conclave.config import load_config
-from conclave.errors import ConfigError, InvalidArguments
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import MAX_MESSAGE_CHARS, first_error, load_schema
-from conclave.server.core import Server
-from conclave.server.stdio import serve_lines
+from conclave.app.catalog import tool_spec
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.server.core import Server
+from conclave.app.server.stdio import serve_lines
+from conclave.core.errors import ConfigError, InvalidArguments
+from conclave.schema.config import load_config
+from conclave.schema.schemas import MAX_MESSAGE_CHARS, first_error, load_schema
 from tests.hardening.figures import record
 from tests.server_support import StdioServer, start_server
 
@@ -942,8 +942,8 @@ def cli_problem(case: CliCase, code: int, err: str) -> str | None:
 
 
 def run_in_process(case: CliCase, where: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    """`conclave.cli.main` in this process: fast, and an escaping exception is a traceback."""
-    from conclave.cli import main
+    """`conclave.app.cli.main` in this process: fast, and an escaping exception is a traceback."""
+    from conclave.app.cli import main
 
     env = prepare(case, where)
     monkeypatch.chdir(where)

@@ -30,13 +30,13 @@ from typing import Any
 import anyio
 import pytest
 
-from conclave.config import Config
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import NativeCall, Reply, Scenario, SimPanel
+from conclave.app.sim.server import BASE_PATHS
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.sim import NativeCall, Reply, Scenario, SimPanel
-from conclave.sim.server import BASE_PATHS
+from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.hardening.figures import record
 from tests.support import read_events
 

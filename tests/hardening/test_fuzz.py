@@ -37,16 +37,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conclave.config import Config, ProviderConfig
-from conclave.errors import InvalidArguments
-from conclave.messages import Message
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.server.core import Server
+from conclave.app.server.stdio import serve_lines
+from conclave.core.errors import InvalidArguments
+from conclave.core.messages import Message
 from conclave.providers.openai import OpenAIAdapter
 from conclave.providers.scripted import ScriptedProvider, ScriptedReply
-from conclave.runtime import Runtime, open_runtime
-from conclave.schemas import first_error
-from conclave.server.core import Server
-from conclave.server.stdio import serve_lines
-from conclave.strictjson import tool_arguments
+from conclave.schema.config import Config, ProviderConfig
+from conclave.schema.schemas import first_error
+from conclave.schema.strictjson import tool_arguments
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
 from conclave.worker.tags import (
     CLOSE,
@@ -951,7 +951,7 @@ def random_lines(seed: int, count: int) -> list[bytes]:
 
 
 async def _feed_a_real_server(tmp_path: Path, seed: int, count: int) -> int:
-    from conclave.sim import SimPanel
+    from conclave.app.sim import SimPanel
     from tests.server_support import panel_config, start_server
 
     async with SimPanel() as panel:

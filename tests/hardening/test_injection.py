@@ -40,11 +40,11 @@ import anyio
 import pytest
 from aiohttp import web
 
-from conclave.config import Config
-from conclave.messages import CompletionRequest, Message, ToolUse
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.core.messages import CompletionRequest, Message, ToolUse
 from conclave.providers.scripted import ScriptedProvider, ScriptedReply
-from conclave.runtime import Runtime, open_runtime
-from conclave.sim import NativeCall, Reply, Rule, Scenario, SimPanel
+from conclave.schema.config import Config
 from conclave.worker.encodings import ToolMode
 from conclave.worker.leaks import leaks, new_canary
 from conclave.worker.loop import WorkerLoop, WorkerOutcome, WorkerTurn

@@ -23,12 +23,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from conclave.config import load_config
+from conclave.app.runtime import open_runtime
+from conclave.app.server.core import Server
+from conclave.app.server.http import build_app
+from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.confer import confer
-from conclave.runtime import open_runtime
-from conclave.server.core import Server
-from conclave.server.http import build_app
-from conclave.sim import Reply, Scenario, SimPanel
+from conclave.schema.config import load_config
 from tests.hardening.figures import long_run, record
 from tests.hardening.load import (
     TRANSPORTS,
@@ -317,7 +317,7 @@ async def test_a_bearer_token_after_a_tab_or_newline_is_redacted_from_transcript
 async def test_over_http_a_client_that_hangs_up_stops_its_call(tmp_path: Path) -> None:
     """Over HTTP each POST is its own connection for request ids, so `notifications/cancelled` from
     another POST cannot reach a call; the only way left to cancel is hanging up (the comment in
-    `conclave/server/http.py` says aiohttp then cancels the handler). `conclave serve --http` builds
+    `conclave/app/server/http.py` says aiohttp then cancels the handler). `conclave serve --http` builds
     its `AppRunner` without `handler_cancellation=True`, so aiohttp lets the handler run on: under
     load, every call a client abandons (a client timeout, a retry storm) keeps its provider requests
     going to the end. Measured: the session ends `ok` after the full upstream latency, not `cancelled`."""

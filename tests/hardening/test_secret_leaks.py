@@ -36,17 +36,17 @@ import orjson
 import pytest
 import yaml
 
-from conclave.catalog import tool_spec
-from conclave.config import Config, load_config
+from conclave.app.catalog import tool_spec
+from conclave.app.runtime import Runtime, open_runtime
+from conclave.app.server.core import Server
+from conclave.app.sim import Reply, Rule, Scenario, SimPanel, mask_secret
+from conclave.app.sim.recording import Kind
+from conclave.app.sim.scenarios import Fault
+from conclave.core.errors import ConclaveError
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
-from conclave.errors import ConclaveError
-from conclave.redact import Redactor
-from conclave.runtime import Runtime, open_runtime
-from conclave.server.core import Server
-from conclave.sim import Reply, Rule, Scenario, SimPanel, mask_secret
-from conclave.sim.recording import Kind
-from conclave.sim.scenarios import Fault
+from conclave.obs.redact import Redactor
+from conclave.schema.config import Config, load_config
 from tests.hardening.figures import long_run, record
 
 pytestmark = pytest.mark.anyio
@@ -340,7 +340,7 @@ async def in_process(evidence: Evidence, config: Config, page: str) -> None:
 
 
 async def probe(runtime: Runtime, provider: str) -> Any:
-    from conclave.messages import CompletionRequest
+    from conclave.core.messages import CompletionRequest
 
     request = CompletionRequest.ask("FAULT:401 direct")
     return await runtime.providers.get(provider).complete(request, deadline=anyio.current_time() + 10)

@@ -1,0 +1,258 @@
+"""Anthropic Messages as the simulated panel speaks it: the counterpart of
+`conclave/providers/anthropic.py` (docs/providers.md#anthropic-wire). Requests are checked as
+the API checks them (the version header, `max_tokens`, roles, tool histories and thinking
+signatures); replies, compact JSON errors and headers are laid out as Anthropic lays them out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import orjson
+
+from conclave.app.sim import native
+from conclave.app.sim.kinds.base import (
+    Answer,
+    CacheRule,
+    ErrorSpec,
+    ParsedRequest,
+    by_status,
+    default_message,
+    invalid,
+    require_list,
+    require_model,
+    text_of,
+)
+from conclave.app.sim.native import Rejected
+from conclave.app.sim.scenarios import NativeCall
+
+_TOOL_CHOICES = frozenset({"auto", "any", "tool", "none"})
+
+
+class AnthropicWire:
+    kind: ClassVar[str] = "anthropic"
+    base_path: ClassVar[str] = "/anthropic"
+    api_path: ClassVar[re.Pattern[str]] = re.compile(r"/v1/messages\Z")
+    exact_route: ClassVar[str | None] = "/v1/messages"
+    answer_field: ClassVar[str] = "content"
+    invalid_json: ClassVar[str] = "There was an error parsing the body of your request: invalid JSON."
+    # Explicit: the tools and system blocks up to the last cache_control mark.
+    cache: ClassVar[CacheRule] = CacheRule(("tools", "system", "messages"), breakpoints=True)
+
+    def parse(
+        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+    ) -> ParsedRequest:
+        return _parse(body, headers.get("anthropic-version"))
+
+    def success(self, answer: Answer) -> dict[str, Any]:
+        return _success(answer)
+
+    def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
+        return _error(spec, model, request_id)
+
+    def request_id(self, seq: int) -> str:
+        return f"req_sim{seq:020d}"
+
+    def headers(self, seq: int, status: int) -> dict[str, str]:
+        headers = {"content-type": "application/json", "request-id": self.request_id(seq)}
+        if status == 529:  # Anthropic's own retry hint on overload
+            headers["x-should-retry"] = "true"
+        return headers
+
+
+WIRE = AnthropicWire()
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _parse(body: Mapping[str, Any], version: str | None) -> ParsedRequest:
+    if not version:
+        raise invalid("anthropic-version: header is required")
+    model = require_model(body, "model: Field required")
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise invalid(
+            "max_tokens: Field required"
+            if max_tokens is None
+            else "max_tokens: Input should be a valid integer"
+        )
+    messages = require_list(
+        body,
+        "messages",
+        missing=lambda: invalid("messages: Field required"),
+        empty=lambda: invalid("messages: at least one message is required"),
+    )
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise invalid(
+                f'messages.{i}: Unexpected role "{role}". The Messages API accepts a top-level '
+                f'`system` parameter, not "{role}" as an input message role.'
+            )
+    if body.get("stream"):
+        raise invalid("Streaming is not simulated; send stream=false.")
+    _check_tools(body, messages)
+    texts = [text_of(m.get("content")) for m in messages]
+    user_texts = [t for m, t in zip(messages, texts, strict=True) if m["role"] == "user"]
+    return ParsedRequest(
+        model=model,
+        last_text=texts[-1],
+        last_user_text=user_texts[-1] if user_texts else "",
+        input_chars=len(text_of(body.get("system"))) + sum(map(len, texts)),
+        max_tokens=max_tokens,
+        declares_tools=native.declares_tools(body),
+    )
+
+
+# ---------------------------------------------------------------------------- native tools
+
+
+def _check_tools(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> None:
+    """Declarations well formed, every `tool_use` answered in the very next message, thinking
+    signed, and no tool blocks without declarations."""
+    _check_declarations(body)
+    uses_tools = False
+    asked: list[str] = []  # tool_use ids of the previous assistant message
+    for i, message in enumerate(messages):
+        blocks = [b for b in _blocks(message) if isinstance(b, dict)]
+        answered = _results(blocks, asked, i)
+        missing = [call_id for call_id in asked if call_id not in answered]
+        if missing:
+            raise Rejected(_unanswered(i - 1, missing))
+        asked = []
+        if message.get("role") == "assistant":
+            _check_thinking(blocks, i)
+            asked = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+        uses_tools = uses_tools or bool(asked) or bool(answered)
+    if asked:
+        raise Rejected(_unanswered(len(messages) - 1, asked))
+    if uses_tools and not native.declares_tools(body):
+        raise Rejected("Requests which include `tool_use` or `tool_result` blocks must define tools.")
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _results(blocks: list[dict[str, Any]], asked: list[str], i: int) -> list[str]:
+    answered: list[str] = []
+    for j, block in enumerate(blocks):
+        if block.get("type") != "tool_result":
+            continue
+        call_id = block.get("tool_use_id")
+        if call_id not in asked:
+            raise Rejected(
+                f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                f"{call_id}. Each `tool_result` block must have a corresponding `tool_use` block in "
+                "the previous message."
+            )
+        answered.append(call_id)
+    return answered
+
+
+def _unanswered(i: int, ids: list[str]) -> str:
+    return (
+        f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+        f"{', '.join(ids)}. Each `tool_use` block must have a corresponding `tool_result` block in "
+        "the next message."
+    )
+
+
+def _check_thinking(blocks: list[dict[str, Any]], i: int) -> None:
+    for j, block in enumerate(blocks):
+        if block.get("type") != "thinking":
+            continue
+        if not isinstance(block.get("signature"), str):
+            raise Rejected(f"messages.{i}.content.{j}.thinking.signature: Field required")
+        if block["signature"] != native.signature(str(block.get("thinking"))):
+            raise Rejected(f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block")
+
+
+def _check_declarations(body: Mapping[str, Any]) -> None:
+    tools = body.get("tools")
+    for k, tool in enumerate(tools if isinstance(tools, list) else []):
+        for key in ("name", "input_schema"):
+            if not isinstance(tool, dict) or key not in tool:
+                raise Rejected(f"tools.{k}.custom.{key}: Field required")
+    choice = body.get("tool_choice")
+    if choice is not None and (not isinstance(choice, dict) or choice.get("type") not in _TOOL_CHOICES):
+        tag = choice.get("type") if isinstance(choice, dict) else choice
+        raise Rejected(
+            f"tool_choice: Input tag '{tag}' found using 'type' does not match any of the expected "
+            "tags: 'auto', 'any', 'tool', 'none'"
+        )
+
+
+def _content_blocks(
+    thinking: str | None, text: str, calls: Sequence[NativeCall], seq: int
+) -> list[dict[str, Any]]:
+    """Thinking first, then text, then the calls. Claude sends no empty text block."""
+    blocks: list[dict[str, Any]] = []
+    if thinking is not None:
+        blocks.append({"type": "thinking", "thinking": thinking, "signature": native.signature(thinking)})
+    if text:
+        blocks.append({"type": "text", "text": text})
+    for i, call in enumerate(calls):
+        call_id = call.id or f"toolu_sim{seq:015d}{i:03d}"
+        blocks.append(
+            {"type": "tool_use", "id": call_id, "name": call.name, "input": native.arguments_object(call)}
+        )
+    return blocks
+
+
+# ---------------------------------------------------------------------------- success
+
+
+def _success(a: Answer) -> dict[str, Any]:
+    # An empty turn is an empty content list, as Claude really sends it.
+    content = _content_blocks(a.thinking, a.text, a.calls, a.seq)
+    stop_reason = "end_turn" if a.finish_reason == "stop" else "max_tokens"
+    return {
+        "id": f"msg_sim{a.seq:020d}",
+        "type": "message",
+        "role": "assistant",
+        "model": a.model,
+        "content": content,
+        "stop_reason": "tool_use" if a.calls else stop_reason,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": a.input_tokens,
+            "cache_creation_input_tokens": a.cache_write_tokens,
+            "cache_read_input_tokens": a.cached_tokens,
+            "output_tokens": a.output_tokens,
+            "service_tier": "standard",
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- errors
+
+# Default (type, message) per status. `{model}` is filled in.
+_BY_STATUS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key"),
+    402: ("billing_error", "Your credit balance is too low to access the Anthropic API."),
+    403: ("permission_error", "Your API key does not have permission to use the specified resource."),
+    404: ("not_found_error", "model: {model}"),
+    413: ("request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: (
+        "rate_limit_error",
+        "This request would exceed the rate limit for your organization of 50 requests "
+        "per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits.",
+    ),
+    500: ("api_error", "Internal server error"),
+    504: ("gateway_timeout_error", "Gateway timeout"),
+    529: ("overloaded_error", "Overloaded"),
+}
+
+
+def _error(spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
+    default_type, template = by_status(_BY_STATUS, spec.status)
+    error = {
+        "type": spec.error_type or default_type,
+        "message": spec.message or default_message(template, model),
+    }
+    return orjson.dumps({"type": "error", "error": error, "request_id": request_id})

@@ -1,0 +1,337 @@
+"""OpenAI Chat Completions as the simulated panel speaks it: the counterpart of
+`conclave/providers/openai.py` (docs/providers.md#openai-compatible-wire). Requests are checked
+as the API checks them, tool histories included; replies, errors (4-space pretty JSON with a
+trailing newline) and headers are laid out as OpenAI lays them out."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from conclave.app.sim import native
+from conclave.app.sim.kinds.base import (
+    Answer,
+    CacheRule,
+    ErrorSpec,
+    ParsedRequest,
+    WireError,
+    by_status,
+    default_message,
+    invalid,
+    require_list,
+    require_model,
+    text_of,
+)
+from conclave.app.sim.native import Rejected
+from conclave.app.sim.scenarios import NativeCall
+
+_REASONING = re.compile(r"o\d|gpt-5($|-mini|-nano|-\d{4})")
+_TOOL_CHOICES = frozenset({"none", "auto", "required"})
+
+
+class OpenAIWire:
+    kind: ClassVar[str] = "openai"
+    base_path: ClassVar[str] = "/openai/v1"
+    api_path: ClassVar[re.Pattern[str]] = re.compile(r"/chat/completions\Z")
+    exact_route: ClassVar[str | None] = "/chat/completions"
+    answer_field: ClassVar[str] = "choices"
+    invalid_json: ClassVar[str] = (
+        "We could not parse the JSON body of your request. (HINT: This likely means "
+        "you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
+        "but what was sent was not valid JSON.)"
+    )
+    # Automatic: the longest earlier prefix, in steps of 128 tokens; the system prompt is a message.
+    cache: ClassVar[CacheRule] = CacheRule(("tools", "messages"), step_tokens=128)
+
+    def parse(
+        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+    ) -> ParsedRequest:
+        return _parse(body)
+
+    def success(self, answer: Answer) -> dict[str, Any]:
+        return _success(answer)
+
+    def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
+        return _error(spec, model)
+
+    def request_id(self, seq: int) -> str:
+        return f"req_{seq:032x}"
+
+    def headers(self, seq: int, status: int) -> dict[str, str]:
+        return {"content-type": "application/json; charset=utf-8", "x-request-id": self.request_id(seq)}
+
+
+WIRE = OpenAIWire()
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _parse(body: Mapping[str, Any]) -> ParsedRequest:
+    model = require_model(body, "you must provide a model parameter")
+    messages = require_list(body, "messages", missing=_missing_messages, empty=_empty_messages)
+    if body.get("stream"):
+        raise invalid("Streaming is not simulated; send stream=false.", param="stream")
+    if _is_reasoning_model(model):
+        _check_reasoning_params(body)
+    _check_tools(body, messages)
+    texts = [text_of(m.get("content")) for m in messages]
+    # Tool messages are the user's side of the turn, as tool results are on the other wires.
+    user_texts = [t for m, t in zip(messages, texts, strict=True) if m.get("role") in ("user", "tool")]
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return ParsedRequest(
+        model=model,
+        last_text=_last_text(messages, texts),
+        last_user_text=user_texts[-1] if user_texts else "",
+        input_chars=sum(map(len, texts)),
+        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        declares_tools=native.declares_tools(body),
+    )
+
+
+def _missing_messages() -> WireError:
+    return invalid(
+        "Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter"
+    )
+
+
+def _empty_messages() -> WireError:
+    return invalid(
+        "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+        "but got an empty array instead.",
+        param="messages",
+        code="empty_array",
+    )
+
+
+def _is_reasoning_model(model: str) -> bool:
+    return _REASONING.match(model.rsplit("/", 1)[-1]) is not None
+
+
+def _last_text(messages: list[dict[str, Any]], texts: list[str]) -> str:
+    """The last message, where a run of tool messages counts as one: the other wires put
+    parallel results in one turn, and a rule should see them all there too."""
+    start = len(messages) - 1
+    while start > 0 and messages[start].get("role") == "tool" and messages[start - 1].get("role") == "tool":
+        start -= 1
+    return "\n".join(texts[start:])
+
+
+def _check_reasoning_params(body: Mapping[str, Any]) -> None:
+    """o-series and gpt-5 refuse the legacy token cap and sampling settings."""
+    if body.get("max_tokens") is not None:
+        raise invalid(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. "
+            "Use 'max_completion_tokens' instead.",
+            param="max_tokens",
+            code="unsupported_parameter",
+        )
+    temperature = body.get("temperature")
+    if temperature is not None and temperature != 1:
+        raise invalid(
+            f"Unsupported value: 'temperature' does not support {temperature} with this model. "
+            "Only the default (1) value is supported.",
+            param="temperature",
+            code="unsupported_value",
+        )
+
+
+# ---------------------------------------------------------------------------- native tools
+
+
+def _check_tools(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> None:
+    """Declarations well formed, and every call answered by tool messages right after it."""
+    _check_declarations(body)
+    pending: list[str] = []  # call ids still waiting for their tool message
+    asked_at = 0
+    for i, message in enumerate(messages):
+        if message.get("role") == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in pending:
+                raise Rejected(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            pending.remove(call_id)
+            continue
+        _unanswered(pending, asked_at)
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            pending, asked_at = _call_ids(message["tool_calls"], i), i
+    _unanswered(pending, asked_at)
+
+
+def _unanswered(pending: list[str], asked_at: int) -> None:
+    if pending:
+        raise Rejected(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding "
+            "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+            + ", ".join(pending),
+            f"messages.[{asked_at}].role",
+        )
+
+
+def _call_ids(calls: Any, i: int) -> list[str]:
+    if not isinstance(calls, list):
+        raise Rejected(
+            f"Invalid type for 'messages[{i}].tool_calls': expected an array.", f"messages.[{i}].tool_calls"
+        )
+    ids: list[str] = []
+    for j, call in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+            raise Rejected(f"Missing required parameter: '{where}.id'.", where)
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+            raise Rejected(
+                f"Invalid type for '{where}.function.arguments': expected a string.",
+                f"{where}.function.arguments",
+            )
+        ids.append(call["id"])
+    return ids
+
+
+def _check_declarations(body: Mapping[str, Any]) -> None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None:
+        if choice is not None:
+            raise Rejected(
+                "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+                "tool_choice",
+            )
+        return
+    if not isinstance(tools, list) or not tools:
+        raise Rejected(
+            "Invalid 'tools': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "tools",
+        )
+    for k, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise Rejected(
+                f"Missing required parameter: 'tools[{k}].function.name'.", f"tools[{k}].function.name"
+            )
+    if isinstance(choice, str) and choice not in _TOOL_CHOICES:
+        raise Rejected(
+            f"Invalid value: '{choice}'. Supported values are: 'none', 'auto', and 'required'.", "tool_choice"
+        )
+
+
+def _tool_calls(calls: Sequence[NativeCall], seq: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": call.id or f"call_sim{seq:013d}{i:03d}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": native.arguments_text(call.arguments)},
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+# ---------------------------------------------------------------------------- success
+
+
+def _success(a: Answer) -> dict[str, Any]:
+    prompt = a.input_tokens + a.cached_tokens
+    completion = a.output_tokens + a.reasoning_tokens
+    message: dict[str, Any] = {"role": "assistant", "content": a.text, "refusal": None, "annotations": []}
+    finish_reason: str = a.finish_reason
+    if a.calls:
+        # OpenAI says null, not "", for a turn that only calls.
+        message["content"] = a.text or None
+        message["tool_calls"] = _tool_calls(a.calls, a.seq)
+        finish_reason = "tool_calls"
+    return {
+        "id": f"chatcmpl-sim{a.seq}",
+        "object": "chat.completion",
+        "created": a.created,
+        "model": a.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": a.cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": a.reasoning_tokens,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        },
+        "service_tier": "default",
+        "system_fingerprint": None,
+    }
+
+
+# ---------------------------------------------------------------------------- errors
+
+# Default (type, code, message) per status. `{model}` is filled in.
+_BY_STATUS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_request_error", None, "Invalid request."),
+    401: (
+        "invalid_request_error",
+        "invalid_api_key",
+        "Incorrect API key provided: sk-sim***. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+    ),
+    403: (
+        "request_forbidden",
+        "unsupported_country_region_territory",
+        "Country, region, or territory not supported",
+    ),
+    404: (
+        "invalid_request_error",
+        "model_not_found",
+        "The model `{model}` does not exist or you do not have access to it.",
+    ),
+    429: (
+        "requests",
+        "rate_limit_exceeded",
+        "Rate limit reached for {model} in organization org-sim on requests per min (RPM): "
+        "Limit 500, Used 500, Requested 1. Please try again in 120ms. Visit "
+        "https://platform.openai.com/account/rate-limits to learn more.",
+    ),
+    500: ("server_error", None, "The server had an error while processing your request. Sorry about that!"),
+    503: ("server_error", None, "The engine is currently overloaded, please try again later."),
+}
+# A scripted `error_type` that is really an OpenAI error *code* picks its real type.
+_BY_ERROR_TYPE: dict[str, tuple[str, str | None, str]] = {
+    "insufficient_quota": (
+        "insufficient_quota",
+        "insufficient_quota",
+        "You exceeded your current quota, please check your plan and billing "
+        "details. For more information on this error, read the docs: "
+        "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+    ),
+    "rate_limit_exceeded": _BY_STATUS[429],
+    "tokens": (
+        "tokens",
+        "rate_limit_exceeded",
+        _BY_STATUS[429][2].replace(
+            "requests per min (RPM): Limit 500, Used 500, Requested 1",
+            "tokens per min (TPM): Limit 30000, Used 30000, Requested 1",
+        ),
+    ),
+    "invalid_api_key": _BY_STATUS[401],
+    "model_not_found": _BY_STATUS[404],
+}
+
+
+def _error(spec: ErrorSpec, model: str) -> bytes:
+    row = by_status(_BY_STATUS, spec.status)
+    if spec.error_type is None:
+        err_type, code, template = row
+    else:
+        err_type, code, template = _BY_ERROR_TYPE.get(spec.error_type, (spec.error_type, row[1], row[2]))
+    error = {
+        "message": spec.message or default_message(template, model),
+        "type": err_type,
+        "param": spec.param,
+        "code": spec.code or code,
+    }
+    return (json.dumps({"error": error}, indent=4) + "\n").encode("utf-8")

@@ -1,0 +1,1 @@
+"""Network plumbing: the one HTTP transport seam, and the Host/Origin guard of the local web servers."""

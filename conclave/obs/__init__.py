@@ -1,0 +1,1 @@
+"""Observability: secret redaction, the ndjson event log (telemetry) and tracing spans."""
