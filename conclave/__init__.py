@@ -13,7 +13,8 @@ async with conclave.SimulatedPanel() as sim:          # offline: simulated model
 
 from typing import Any
 
-__version__ = "0.1.0"
+from conclave.core.version import __version__
+
 _API = (
     "Conclave",
     "ConferResult",
@@ -23,7 +24,9 @@ _API = (
     "coordinate",
     "coordinate_sync",
 )
-__all__ = ["SimulatedPanel", "__version__", *_API, "serving_gc"]
+# what a caller catches: every error is a ConclaveError; bad arguments and a bad config have their own
+_ERRORS = ("ConclaveError", "ConfigError", "InvalidArguments")
+__all__ = ["SimulatedPanel", "__version__", *_API, *_ERRORS, "serving_gc"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from conclave.app import api
 
         return getattr(api, name)
+    if name in _ERRORS:
+        from conclave.core import errors
+
+        return getattr(errors, name)
     if name == "SimulatedPanel":  # for trying the API offline (see conclave.app.sim.simulated)
         from conclave.app.sim.simulated import SimulatedPanel
 

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from conclave.app.catalog import TOOL_NAMES, TOOLS, ToolSpec, _load, tool_spec
+from conclave.app.catalog import TOOL_NAMES, TOOLS, ToolSpec, tool_spec
 from conclave.app.runtime import open_runtime
 from conclave.app.server.core import PLAIN_METHODS
 from conclave.core.errors import InvalidArguments, UnknownTool
 from conclave.schema import schemas
 from conclave.schema.config import Config
-from conclave.tools import build_registry
+from conclave.tools.registry import build_registry
+from conclave.tools.spec import _load
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,8 @@ def test_invalid_arguments_name_the_failing_path() -> None:
 
 def test_the_catalog_imports_no_tool_and_no_runtime() -> None:
     """What lets a starting server answer `tools/list` before the runtime loads."""
-    heavy = ["httpx", "aiohttp", "structlog", "conclave.app.runtime", "conclave.deliberation", "conclave.tools"]
+    heavy = ["httpx", "aiohttp", "structlog", "conclave.app.runtime", "conclave.deliberation", "conclave.tools.context",
+             "conclave.tools.registry", "conclave.tools.handlers"]
     probe = f"import sys, conclave.app.catalog\nprint([m for m in {heavy!r} if m in sys.modules])\n"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60

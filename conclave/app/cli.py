@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import anyio
 import orjson
 
-from conclave import __version__
 from conclave.app.catalog import tool_spec
 from conclave.core.errors import ConfigError, InvalidArguments, ToolError
+from conclave.core.version import __version__
 from conclave.schema.config import Config, load_config
 
 # Each command imports what it runs on: `conclave serve` must answer its first request before the
@@ -827,7 +827,7 @@ def _demo_local(args: argparse.Namespace) -> int:
 def _ui_command(args: argparse.Namespace) -> str:
     """`conclave ui` with the options that load the configuration `args` loaded, typed as this
     machine runs this conclave (`.venv/bin/conclave` when none is on the PATH)."""
-    from conclave.app.demo import conclave_command
+    from conclave.app.command import conclave_command
 
     words = [*shlex.split(conclave_command()), "ui"]
     if args.config:

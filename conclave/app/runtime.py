@@ -1,50 +1,26 @@
 """Wiring: the shared HTTP client, the event log, the provider pool and the tools, opened and
-closed together. The CLI and the server open one Runtime per process; tests open their own."""
+closed together as a `Runtime` (the record is `conclave.deliberation.session.Runtime`, what a
+deliberation runs on). The CLI and the server open one per process; tests open their own."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
-
+from conclave.deliberation.session import Runtime, Sessions
 from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.net.http import AiohttpTransport, Transport, make_http_client
 from conclave.obs.telemetry import Telemetry
 from conclave.providers import ProviderPool
 from conclave.schema.config import Config
 from conclave.state import StateBackend, open_state
-from conclave.tools import ToolContext, ToolRegistry, build_registry
+from conclave.tools.context import ToolContext
+from conclave.tools.registry import ToolRegistry, build_registry
 from conclave.worker.instrumented import InstrumentedWorkerLoop
 from conclave.worker.loop import Worker, WorkerLoop
 
-if TYPE_CHECKING:  # the session scaffold imports this module: its runners are imported when a runtime opens
-    from conclave.deliberation.session import Sessions
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """With tracing on, `providers` hands out instrumented clients, and `worker` and `sessions`
-    are the instrumented decorators of the plain loop and runner, wrapped once, by `open_runtime`;
-    with it off they are the plain objects themselves (docs/telemetry.md#traces-opentelemetry)."""
-
-    config: Config
-    http: httpx.AsyncClient
-    telemetry: Telemetry
-    providers: ProviderPool
-    tools: ToolRegistry
-    tool_context: ToolContext
-    worker: Worker
-    sessions: Sessions
-    state: StateBackend
-    transcripts: TranscriptWriter | None = None
-
-    async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """The Python door to the worker tools: the arguments are checked here, then the tool runs."""
-        self.tools.validate(name, args)
-        return await self.tools.call(name, args, self.tool_context)
+__all__ = ["Runtime", "open_runtime"]
 
 
 @contextlib.asynccontextmanager

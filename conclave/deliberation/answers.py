@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from conclave.app.runtime import Runtime
 from conclave.core.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
 from conclave.deliberation.results import Answer
+from conclave.obs.redact import Redactor
 from conclave.schema.config import Config
 from conclave.worker.loop import WorkerOutcome
 
 
-def answer_from(outcome: WorkerOutcome, name: str, runtime: Runtime) -> Answer:
+def answer_from(outcome: WorkerOutcome, name: str, config: Config, redactor: Redactor) -> Answer:
     """The turn's answer; a provider failure, an empty reply or a bug becomes a status."""
-    model = outcome.model or runtime.config.providers[name].model
+    model = outcome.model or config.providers[name].model
     if outcome.failure is not None:  # a bug must cost one answer, not the whole call
         exc = outcome.failure
-        message = runtime.telemetry.redactor.text(f"{type(exc).__name__}: {exc}")
+        message = redactor.text(f"{type(exc).__name__}: {exc}")
         failed = _error("internal_error", message)
-        configured = runtime.config.providers[name].model
+        configured = config.providers[name].model
         return Answer(name, configured, "error", error=failed, tool_mode=outcome.tool_mode)
     status: str = "ok"
     text: str | None = outcome.text

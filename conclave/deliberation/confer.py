@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 
-from conclave.app.runtime import Runtime
 from conclave.core.errors import InvalidArguments
 from conclave.deliberation import pipeline, review
 from conclave.deliberation.answers import timed_out
@@ -40,7 +39,14 @@ from conclave.deliberation.roles import (
     shared_system,
     turn_system,
 )
-from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session, user_messages
+from conclave.deliberation.session import (
+    ProgressSink,
+    Runtime,
+    Session,
+    merged_warnings,
+    run_session,
+    user_messages,
+)
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 
 

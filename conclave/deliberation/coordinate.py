@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 
-from conclave.app.runtime import Runtime
 from conclave.deliberation import pipeline
 from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import summarize, what_drives_the_bound
@@ -32,7 +31,7 @@ from conclave.deliberation.roles import (
     synthesizer_prompt,
     turn_system,
 )
-from conclave.deliberation.session import ProgressSink, Session, merged_warnings, run_session
+from conclave.deliberation.session import ProgressSink, Runtime, Session, merged_warnings, run_session
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.schema.config import RolesConfig
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
+import httpx
 
-from conclave.app.runtime import Runtime
 from conclave.core.budgets import CostCap, CostCapReport, combined
 from conclave.core.errors import SessionInFlight
 from conclave.core.messages import Message, Usage
@@ -35,18 +35,49 @@ from conclave.deliberation.results import (
     CostCapSummary,
     ToolUseSummary,
 )
+from conclave.deliberation.transcripts import TranscriptWriter
+from conclave.obs.telemetry import Telemetry
 from conclave.obs.telemetry import session as bind_session
+from conclave.providers import ProviderPool
 from conclave.providers.kinds import KINDS
-from conclave.schema.config import ProviderConfig
+from conclave.schema.config import Config, ProviderConfig
+from conclave.state import StateBackend
+from conclave.tools.context import ToolContext
+from conclave.tools.registry import ToolRegistry
 from conclave.worker.encodings import ENCODINGS, ToolMode, Toolset
 from conclave.worker.leaks import new_canary
-from conclave.worker.loop import WORKER_ALLOWLIST, WorkerTurn
+from conclave.worker.loop import WORKER_ALLOWLIST, Worker, WorkerTurn
 
 # Progress steps: one per finished answer ({"provider", "status", ...}), and while a call runs,
 # a heartbeat every server.progress_heartbeat_seconds ({"waiting": ["critic beta", ...]}).
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
 NATIVE_KINDS = frozenset(kind for kind, spec in KINDS.items() if spec.native_tools)
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What a deliberation runs on, opened and closed by `conclave.app.runtime.open_runtime`.
+
+    With tracing on, `providers` hands out instrumented clients, and `worker` and `sessions`
+    are the instrumented decorators of the plain loop and runner, wrapped once, by `open_runtime`;
+    with it off they are the plain objects themselves (docs/telemetry.md#traces-opentelemetry)."""
+
+    config: Config
+    http: httpx.AsyncClient
+    telemetry: Telemetry
+    providers: ProviderPool
+    tools: ToolRegistry
+    tool_context: ToolContext
+    worker: Worker
+    sessions: Sessions
+    state: StateBackend
+    transcripts: TranscriptWriter | None = None
+
+    async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The Python door to the worker tools: the arguments are checked here, then the tool runs."""
+        self.tools.validate(name, args)
+        return await self.tools.call(name, args, self.tool_context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +174,7 @@ class Session:
             outcome = await self.runtime.worker.run(turn)
         finally:
             del self.awaiting[ticket]
-        return answer_from(outcome, name, self.runtime)
+        return answer_from(outcome, name, self.runtime.config, self.runtime.telemetry.redactor)
 
     def declares_tools(self, name: str, tools: tuple[str, ...]) -> bool:
         """Whether `name`'s turns with `tools` declare them natively. Declarations come before the

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from conclave import __version__
-from conclave.obs.tracing import Span, attributes
+from conclave.core.version import __version__
+from conclave.obs.spans import Span, attributes
 
 _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER}
 _PROPAGATOR = TraceContextTextMapPropagator()

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Literal, Protocol
 
-from conclave import __version__
 from conclave.core.errors import (
     PermanentProviderError,
     ProviderError,
@@ -19,6 +18,7 @@ from conclave.core.errors import (
 )
 from conclave.core.messages import CompletionRequest, ToolUse, Usage
 from conclave.core.records import record
+from conclave.core.version import __version__
 from conclave.net.http import ResponseHeaders
 from conclave.schema.config import ProviderConfig
 

@@ -1,5 +1,5 @@
 """The tools a panel member may call mid-answer, by name: the worker loop's one way to reach
-them. Each is a `catalog.ToolSpec`; the schemas load at construction, so a missing or broken
+them. Each is a `spec.ToolSpec`; the schemas load at construction, so a missing or broken
 file fails at start-up."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from conclave.app.catalog import Invocation, ToolSpec
 from conclave.core.errors import UnknownTool
 from conclave.schema.schemas import acceptor
+from conclave.tools.spec import WORKER_TOOLS, ToolInvocation, ToolSpec
 
 if TYPE_CHECKING:
     from conclave.tools.context import ToolContext
@@ -40,4 +40,9 @@ class ToolRegistry:
 
     async def call(self, name: str, args: Mapping[str, Any], context: ToolContext) -> dict[str, Any]:
         """Run a tool on arguments its caller has validated (see `validate`)."""
-        return await self.get(name).run(args, Invocation(context))
+        return await self.get(name).run(args, ToolInvocation(context))
+
+
+def build_registry() -> ToolRegistry:
+    """The worker tools, as the catalog lists them."""
+    return ToolRegistry(WORKER_TOOLS)

@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 
 from conclave.core.messages import Completion, Message, ToolChoice, ToolDeclaration, ToolReturn
 from conclave.core.records import record
-from conclave.tools import ToolRegistry
+from conclave.tools.registry import ToolRegistry
 from conclave.worker.hint import declarations, native_hint, tool_hint, with_hint
 from conclave.worker.tags import ToolCall, find_tool_call
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from conclave.core.messages import ToolDeclaration
-from conclave.tools import ToolRegistry
+from conclave.tools.registry import ToolRegistry
 
 _PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 

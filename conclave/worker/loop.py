@@ -37,7 +37,8 @@ from conclave.core.messages import Completer, Completion, CompletionRequest, Mes
 from conclave.core.records import record
 from conclave.obs.telemetry import Telemetry, session
 from conclave.schema.config import WorkerToolsConfig
-from conclave.tools import ToolContext, ToolRegistry
+from conclave.tools.context import ToolContext
+from conclave.tools.registry import ToolRegistry
 from conclave.worker.encodings import ENCODINGS, Call, Decoded, Encoding, Returned, ToolMode, Toolset
 from conclave.worker.forgery import FORGED_TOOL_OUTPUT, ForgedToolOutput, Imitation, find_imitation, usable
 from conclave.worker.hint import imitation_reprompt

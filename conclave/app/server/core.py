@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import orjson
 
-from conclave import __version__
 from conclave.app.catalog import TOOL_NAMES, TOOLS, Invocation, ToolSpec, tool_spec
 from conclave.app.server import eras
 from conclave.app.server.jsonrpc import (
@@ -33,6 +32,7 @@ from conclave.app.server.jsonrpc import (
 )
 from conclave.app.server.surface import describe
 from conclave.core.errors import ConfigError, InvalidArguments, ToolError
+from conclave.core.version import __version__
 from conclave.obs.telemetry import Telemetry, traced
 
 if TYPE_CHECKING:

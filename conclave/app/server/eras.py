@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conclave import __version__
 from conclave.app.server.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from conclave.core.records import record
+from conclave.core.version import __version__
 
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 STATELESS_VERSIONS = ("2026-07-28",)

@@ -75,7 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
 def recipe(urls: dict[str, str]) -> str:
     """How to point conclave at the panel: an example command carrying the `--set` options (which
     any command takes), to run as printed."""
-    from conclave.app.demo import conclave_command  # imported once the URLs are out: no parent waits on it
+    from conclave.app.command import conclave_command  # imported once the URLs are out: no parent waits on it
 
     command = shlex.join([*EXAMPLE, *set_options(urls)])
     return (
