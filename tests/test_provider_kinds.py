@@ -95,3 +95,30 @@ def test_tracing_does_not_load_the_registry() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.split() == ["False"]
+
+
+def test_the_independence_contracts_name_every_kinds_module() -> None:
+    """import-linter's `provider-kinds` and `sim-kinds` contracts (pyproject.toml) list modules by
+    name: a kind missing from them would go unchecked while lint-imports still says "kept"."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    listed = {c["id"]: sorted(c["modules"]) for c in contracts["contracts"] if c["type"] == "independence"}
+    adapters = sorted({type(spec.adapter).__module__ for spec in KINDS.values()})
+    wires = sorted({type(wire).__module__ for wire in WIRES.values()})
+    assert listed["provider-kinds"] == adapters, f"pyproject.toml: provider-kinds must list {adapters} {ADD_A_KIND}"
+    assert listed["sim-kinds"] == wires, f"pyproject.toml: sim-kinds must list {wires} {ADD_A_KIND}"
+
+
+def test_a_kind_without_native_tool_calling_gets_tags_whatever_was_asked(make_config: Any) -> None:
+    """Its adapter has no field to declare tools in: asking `native` of it must not leave the
+    model's tags to be judged forged tool output."""
+    import dataclasses
+
+    from conclave.deliberation.session import tool_mode
+
+    config = make_config({"p": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}})
+    native = config.providers["p"]
+    text_only = dataclasses.replace(native, kind="text-only")  # type: ignore[arg-type]
+    assert tool_mode("native", native, "auto") == "native"
+    assert [tool_mode(asked, text_only, "native") for asked in ("native", "auto", None)] == ["tags"] * 3

@@ -369,11 +369,14 @@ def _end(session: Session, status: str, usage: Usage, **fields: Any) -> None:
 def tool_mode(asked: str | None, provider: ProviderConfig, configured: str) -> ToolMode:
     """The call's argument, over the provider's `tool_mode`, over the config's mode
     (docs/worker-loop.md#native-tool-calling); `auto` is native where the adapter speaks it and
-    the provider entry does not say tags. (A provider that refused native declarations is kept to
-    tags by the worker loop itself.)"""
+    the provider entry does not say tags. A kind without native tool calling (its `KindSpec`) gets
+    tags whatever was asked: its adapter has no field to declare tools in. (A provider that refused
+    native declarations is kept to tags by the worker loop itself.)"""
+    if provider.kind not in NATIVE_KINDS:
+        return "tags"
     mode = asked or provider.tool_mode or configured
     if mode == "auto":
-        return "native" if provider.kind in NATIVE_KINDS and provider.tool_mode != "tags" else "tags"
+        return "native" if provider.tool_mode != "tags" else "tags"
     return "native" if mode == "native" else "tags"
 
 

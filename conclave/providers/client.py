@@ -187,8 +187,9 @@ class ProviderClient:
                 provider=self.name,
                 status=status,
             )
-        if "error" in body and not any(k in body for k in ("choices", "content", "candidates")):
-            # An in-band error with a 200 status (OpenRouter does this).
+        if body.get("error") is not None and not any(k in body for k in ("choices", "content", "candidates")):
+            # An in-band error with a 200 status (OpenRouter does this). Not a null one: every
+            # Responses API body has `"error": null`.
             details = self.adapter.error_details(body, headers)
             err_status = body["error"].get("code") if isinstance(body["error"], dict) else None
             code = err_status if isinstance(err_status, int) and err_status >= 400 else 502
