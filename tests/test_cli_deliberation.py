@@ -147,6 +147,33 @@ def test_confer_readable_output_shows_every_provider_its_text_and_the_totals(wor
     assert "\x1b[" not in result.stdout, "no colour when stdout is not a terminal"
 
 
+def test_confer_with_choices_shows_each_members_choice_the_vote_and_the_consensus(
+    workdir: Path, panel: Panel
+) -> None:
+    panel.script("m-alpha", {"replies": [{"text": json.dumps({"choice": "SQS", "reason": "managed"})}]})
+    panel.script("m-beta", {"replies": [{"text": json.dumps({"choice": "sqs", "reason": "cheap"})}]})
+    panel.script("m-gamma", {"replies": [{"text": json.dumps({"choice": "Kafka", "reason": "replay"})}]})
+    result = conclave("confer", "Which queue?", "--choices", "SQS, Kafka ,RabbitMQ", cwd=workdir)
+    # beta's "sqs" is not one of the choices: asked again, it says the same, and is not counted
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "  choice: SQS" in result.stdout and "  choice: Kafka" in result.stdout
+    assert "═══ Vote · no consensus: no strict majority on 'choice': 1 of 2 (a tie)" in result.stdout
+    assert "not counted (no valid answer): beta" in result.stdout
+
+    as_json = conclave("confer", "Which queue?", "--choices", "SQS,Kafka", "--json", cwd=workdir)
+    output = json.loads(as_json.stdout)
+    assert first_error("confer.output.json", output) is None
+    schema = output["answers"][0]["value"]
+    assert schema == {"choice": "SQS", "reason": "managed"}
+    assert [a["status"] for a in output["answers"]] == ["ok", "invalid_answer", "ok"]
+
+
+def test_a_choices_option_with_one_choice_is_refused_before_any_call(workdir: Path, panel: Panel) -> None:
+    result = conclave("confer", "Which queue?", "--choices", "SQS", cwd=workdir)
+    assert result.returncode == 2
+    assert "--choices: give at least 2 choices, not 1" in result.stderr
+
+
 def test_a_degraded_confer_exits_1_and_names_the_failing_provider(workdir: Path, panel: Panel) -> None:
     panel.script("m-gamma", {"replies": [{"status": 500, "error_message": "the simulated server broke"}]})
     result = conclave("confer", "Which queue should we use?", cwd=workdir)

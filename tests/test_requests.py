@@ -22,7 +22,10 @@ REQUESTS = {"confer": ConferRequest, "coordinate": CoordinateRequest}
 
 # Every option of each command, so that the arguments it gives are every argument it can give.
 EVERY_OPTION = {
-    "confer": ["confer", "Which queue?", "--providers", "a,b", "--system", "S", "--review", "--synthesize"],
+    "confer": [
+        *("confer", "Which queue?", "--providers", "a,b", "--system", "S", "--review", "--synthesize"),
+        *("--choices", "SQS,Kafka", "--vote-fields", "reason", "--tolerance", "0.1"),
+    ],
     "coordinate": [
         "coordinate",
         "Design it.",

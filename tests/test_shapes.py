@@ -32,6 +32,7 @@ from conclave.app.runtime import open_runtime
 from conclave.app.server.surface import describe
 from conclave.app.sim import NativeCall, Reply, Rule, Scenario
 from conclave.deliberation.results import ConferResult, CoordinateResult, RoleAnswer
+from conclave.schema.answer_schema import choices_schema
 from conclave.schema.config import Config, load_config
 from conclave.schema.schemas import acceptor, relative_path, resolve, schema_uri, validator
 
@@ -148,6 +149,8 @@ async def _produce(tmp: Path) -> list[Produced]:
         unpriced = _unpriced(priced, "sim-gemini")
         async with conclave.Conclave(priced) as c:
             out += _records(await c.confer("Which queue?", session_id="shapes-plain"), "plain")
+            decided = await c.confer("Which queue?", answer_schema=choices_schema(["SQS", "Kafka"]))
+            out += _records(decided, "structured")
             council = await c.confer(
                 "Which queue?", review=True, synthesize=True, session_id="shapes-council"
             )

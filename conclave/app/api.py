@@ -37,9 +37,7 @@ from conclave.schema.schemas import check_arguments, load_schema
 class Conclave:
     """A reusable client: the HTTP pool, event log and providers open once, for every call."""
 
-    def __init__(
-        self, config: Config | str | None = None, *, transport: Transport | None = None
-    ) -> None:
+    def __init__(self, config: Config | str | None = None, *, transport: Transport | None = None) -> None:
         """`config`: a Config, a path, or None to discover one; `transport`: what every HTTP
         request (provider calls and fetches) goes through, by default aiohttp's; tests and
         benchmarks hand in a `conclave.net.http.MemoryTransport`."""
@@ -83,10 +81,16 @@ class Conclave:
         worker_tool_mode: WorkerToolMode | None = None,
         review: bool | None = None,
         synthesize: bool | None = None,
+        answer_schema: Mapping[str, Any] | None = None,
+        vote_fields: Sequence[str] | None = None,
+        tolerance: float | None = None,
         progress: ProgressSink | None = None,
     ) -> ConferResult:
         """Ask every panel member (or `providers`) `question` at once; with `review`, each ranks
-        the others' answers blind; with `synthesize`, a chair writes the final answer."""
+        the others' answers blind; with `synthesize`, a chair writes the final answer. With
+        `answer_schema`, each answers with a JSON object valid against it, and the result's
+        `vote` counts them (`vote_fields`, `tolerance`: what is voted, and how close numbers
+        must be to agree)."""
         args = _arguments("confer", locals())
         return await _confer(self._open(), args, progress=progress)
 
@@ -171,4 +175,6 @@ def _arguments(tool: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _json(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+    if isinstance(value, tuple):
+        return list(value)
+    return dict(value) if isinstance(value, Mapping) and not isinstance(value, dict) else value

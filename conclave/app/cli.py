@@ -180,6 +180,24 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--review", action="store_true", help="then each member ranks the others' answers, blind"
     )
     confer.add_argument("--synthesize", action="store_true", help="then a chair writes the final answer")
+    shaped = confer.add_mutually_exclusive_group()
+    shaped.add_argument(
+        "--choices", metavar="A,B,C", help="each member picks one (and says why); the result votes"
+    )
+    shaped.add_argument(
+        "--number", action="store_true", help="each member answers a number; the result votes"
+    )
+    shaped.add_argument(
+        "--answer-schema",
+        metavar="FILE|JSON",
+        help="each member answers a JSON object valid against this JSON Schema; the result votes",
+    )
+    confer.add_argument(
+        "--vote-fields", metavar="A,B", help="answer fields to vote on besides booleans, numbers, enums"
+    )
+    confer.add_argument(
+        "--tolerance", type=float, metavar="X", help="numbers within X times the larger agree (default 0)"
+    )
     _add_call_options(confer)
     confer.set_defaults(handler=cmd_confer)
 
@@ -594,7 +612,46 @@ def _confer_args(args: argparse.Namespace) -> dict[str, Any]:
     for stage in ("review", "synthesize"):
         if getattr(args, stage):
             tool_args[stage] = True
+    schema = _answer_schema(args)
+    if schema is not None:
+        tool_args["answer_schema"] = schema
+    if args.vote_fields is not None:
+        tool_args["vote_fields"] = _names(args.vote_fields)
+    if args.tolerance is not None:
+        tool_args["tolerance"] = args.tolerance
     return tool_args
+
+
+def _answer_schema(args: argparse.Namespace) -> dict[str, Any] | None:
+    """`--choices`, `--number` or `--answer-schema` (a file, or the JSON itself) as a schema;
+    _InputError when it cannot be read. Whether the schema is acceptable is the tool's to say."""
+    from conclave.schema.answer_schema import choices_schema, number_schema
+
+    if args.choices is not None:
+        try:
+            return choices_schema(_names(args.choices))
+        except ValueError as exc:
+            raise _InputError(f"--choices: {exc}") from None
+    if args.number:
+        return number_schema()
+    if args.answer_schema is None:
+        return None
+    given = args.answer_schema
+    text = given if given.lstrip().startswith("{") else _read_schema_file(given)
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise _InputError(f"--answer-schema: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _InputError("--answer-schema: a JSON Schema object is expected")
+    return value
+
+
+def _read_schema_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _InputError(f"--answer-schema: cannot read {path}: {exc}") from None
 
 
 def _coordinate_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,6 +22,7 @@ DEGRADED_LABELS: Mapping[str, str] = {
     "skipped": "skipped",
     "breaker_open": "skipped: its circuit breaker is open after repeated failures",
     "invalid_envelope": "answered in the wrong format, even when asked again",
+    "invalid_answer": "gave no answer valid against the answer schema, even when asked again",
     "missing_api_key": "no API key is configured for it",
     "unknown_provider": "not a configured provider",
     "no_answers": "nothing to synthesize: no member answered",
@@ -53,6 +54,7 @@ STATUS_LABELS: Mapping[str, str] = {
     "dry_run": "dry run",
     "breaker_open": "breaker open",
     "invalid_envelope": "wrong format",
+    "invalid_answer": "invalid answer",
     "timeout": "timed out",
     "error": "failed",
 }

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 import anyio
+import orjson
 
 from conclave.app.labels import plural, reason_codes, unique, warning_label
 from conclave.schema.config import Config
@@ -141,6 +142,8 @@ def render_confer(result: Mapping[str, Any], *, colour: bool = False) -> str:
         return "\n".join(lines + _plan(result.get("plan") or {}, style))
     for answer in answers:
         lines += ["", *_answer_block(answer, style)]
+    if result.get("vote"):
+        lines += ["", *_vote_block(result["vote"], style)]
     if result.get("review"):
         lines += ["", *_review_block(result["review"], style)]
     if result.get("synthesis"):
@@ -175,7 +178,9 @@ def _answer_block(answer: Mapping[str, Any], style: Style) -> list[str]:
         f"{answer.get('hops', 0)} hop{'s' if answer.get('hops') != 1 else ''}",
     ]
     lines = [" · ".join(head + _tool_mode(answer))]
-    if answer.get("text"):
+    if answer.get("value") is not None:  # a structured answer: its fields, not its JSON text
+        lines += [f"  {key}: {_shown(value)}" for key, value in answer["value"].items()]
+    elif answer.get("text"):
         lines += _indent(str(answer["text"]))
     lines += _problem_lines(answer, style)
     lines += _tool_call_lines(answer.get("inner_tool_calls"))
@@ -267,6 +272,35 @@ def _plan(plan: Mapping[str, Any], style: Style) -> list[str]:
     if plan.get("note"):
         lines.append(style.dim(f"  note: {plan['note']}"))
     return lines
+
+
+def _vote_block(vote: Mapping[str, Any], style: Style) -> list[str]:
+    """Per voted field: the winner, its votes, who dissented and with what; then the consensus."""
+    consensus = vote.get("consensus")
+    if consensus is not None:
+        verdict = style.good("consensus: " + ", ".join(f"{k} = {_shown(v)}" for k, v in consensus.items()))
+    else:
+        verdict = style.warn(f"no consensus: {vote.get('reason')}")
+    lines = [style.bold("═══ Vote · ") + verdict]
+    fields = vote.get("fields") or []
+    if fields:
+        width = max(len(str(f["field"])) for f in [*fields, {"field": "field"}]) + 2
+        lines.append("  " + "field".ljust(width) + "winner · votes · dissent")
+    for entry in fields:
+        winner = "(a tie)" if entry.get("winner") is None else _shown(entry["winner"])
+        dissent = ", ".join(f"{d['provider']}: {_shown(d['value'])}" for d in entry.get("dissent") or [])
+        count = f"{entry.get('votes')} of {entry.get('of')}"
+        lines.append("  " + str(entry["field"]).ljust(width) + " · ".join([winner, count, dissent or "none"]))
+    if vote.get("not_counted"):
+        lines.append(style.warn(f"  not counted (no valid answer): {', '.join(vote['not_counted'])}"))
+    return lines
+
+
+def _shown(value: Any) -> str:
+    """A JSON value on one line, strings without quotes."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
 
 
 def _review_block(review: Mapping[str, Any], style: Style) -> list[str]:

@@ -34,6 +34,7 @@ _ALARMS = frozenset(
         "worker_inner_validation_fail",
         "worker_hop_budget_exhausted",
         "role_envelope_invalid",
+        "answer_invalid",
         "rpc_error",
         "state_backend_unavailable",
     }
@@ -229,6 +230,8 @@ _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], Style], list[str]]] = {
     "worker_tool_cost_warning": _fields("mode", "cap_usd", "observed_usd"),
     "egress_budget_exhausted": _fields("tool", "used_bytes", "max_bytes", "requests", "max_requests"),
     "role_envelope_invalid": _fields("round", "attempt", "final", "error"),
+    "answer_invalid": _fields("attempt", "final", "error"),
+    "vote": _fields("consensus", "reason", "not_counted"),
     "canary_leak": _fields("what"),
     "worker_forged_tool_output": _fields("action", "kinds", "echo", "model_call", "error"),
     "state_backend_unavailable": _fields("backend", "error", "fallback"),

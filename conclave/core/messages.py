@@ -74,6 +74,12 @@ class CompletionRequest:
     # whose API routes on a cache key.
     cache_prefix: int = 0
     cache_key: str | None = None
+    # The reply must be one JSON object valid against `answer_schema`: a kind with native
+    # structured output sends it on the wire (docs/providers.md#structured-output); the caller has
+    # said so in the prompt either way. `answer_schema_name` names it where a wire wants a name
+    # (OpenAI's `json_schema.name`). Compared by value, like `ToolDeclaration.parameters`.
+    answer_schema: Mapping[str, Any] | None = None
+    answer_schema_name: str = "answer"
 
     @classmethod
     def ask(cls, question: str, **kwargs: Any) -> CompletionRequest:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from conclave.core.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
-from conclave.deliberation.results import Answer
+from conclave.deliberation.results import Answer, Totals
 from conclave.obs.redact import Redactor
 from conclave.schema.config import Config
 from conclave.worker.loop import WorkerOutcome
@@ -43,6 +44,23 @@ def answer_from(outcome: WorkerOutcome, name: str, config: Config, redactor: Red
         cost_cap=outcome.cost_cap,
         tool_mode=outcome.tool_mode,
         exchanges=tuple(outcome.exchanges),
+    )
+
+
+def combined(first: Answer, second: Answer) -> Answer:
+    """Two attempts at one answer (a reply, then the reply to a re-prompt) as one: the second's
+    outcome, both attempts' costs."""
+    spent = [a for a in (first, second) if a.hops > 0]
+    return replace(
+        second,
+        usage=Totals.of(spent).usage,
+        hops=first.hops + second.hops,
+        latency_ms=first.latency_ms + second.latency_ms,
+        inner_tool_calls=first.inner_tool_calls + second.inner_tool_calls,
+        cost_cap=first.cost_cap,
+        exchanges=first.exchanges + second.exchanges,
+        warnings=tuple(dict.fromkeys(first.warnings + second.warnings)),
+        text=second.text if second.ok else None,
     )
 
 

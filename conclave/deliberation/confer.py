@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from conclave.core.errors import InvalidArguments
+from conclave.core.messages import Message
 from conclave.deliberation import pipeline, review
 from conclave.deliberation.answers import timed_out
 from conclave.deliberation.pipeline import Stage
@@ -32,8 +33,8 @@ from conclave.deliberation.results import (
     Totals,
 )
 from conclave.deliberation.roles import (
+    answer_instruction,
     chair_prompt,
-    member_prompt,
     member_system,
     reviewer_prompt,
     shared_system,
@@ -48,6 +49,9 @@ from conclave.deliberation.session import (
     user_messages,
 )
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
+from conclave.deliberation.structured import structured_answer
+from conclave.deliberation.vote import FieldVote, tally
+from conclave.schema.answer_schema import check_answer_schema
 
 
 async def confer(
@@ -62,8 +66,19 @@ async def confer(
             path="$.providers",
             tool="confer",
         )
+    _check_structured(request)
     session = Session(runtime, "confer", request, progress)
     return await run_session(session, _Confer(session, request))
+
+
+def _check_structured(request: ConferRequest) -> None:
+    """`answer_schema` holds to the portable subset; the vote's options need it."""
+    if request.answer_schema is not None:
+        check_answer_schema(request.answer_schema)
+        return
+    for option in ("vote_fields", "tolerance"):
+        if option in request.arguments:
+            raise InvalidArguments(f"{option} needs answer_schema", path=f"$.{option}", tool="confer")
 
 
 class _Confer:
@@ -76,6 +91,8 @@ class _Confer:
         staged = request.review or request.synthesize
         self.members = _Answers(session, self.turns, request, self.providers, staged=staged)
         self.stages: list[Stage] = [self.members]
+        if request.answer_schema is not None:
+            self.stages.append(_Vote(session, request, request.answer_schema))
         if request.review:
             self.stages.append(_Review(session, self.turns, self.providers, self.members))
         if request.synthesize:
@@ -117,6 +134,7 @@ class _Confer:
             warnings=warnings,
             worker_tools=self.session.tool_use(reports, breakdown="per_provider"),
             plan=plan,
+            vote=board.vote,
         )
 
     def plan(self) -> ConferResult:
@@ -155,8 +173,13 @@ class _Answers:
         staged: bool,
     ) -> None:
         self.session, self.turns, self.providers, self.staged = session, turns, providers, staged
-        self.system = request.system
-        self.messages = user_messages(request.question, request.context)
+        self.request, self.system = request, request.system
+        self.schema = request.answer_schema
+        instruction = None if self.schema is None else answer_instruction(self.schema)
+        if staged:
+            self.messages = turns.member_messages(instruction)
+        else:
+            self.messages = user_messages(request.question, request.context, instruction)
 
     def planned_calls(self) -> PlannedCalls:
         """A plain confer sends each member the caller's question as it is: nothing shared."""
@@ -176,9 +199,16 @@ class _Answers:
         session, tools = self.session, self.session.tools.accepted
         if staged:
             system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
-            return len((member_prompt() + system).encode("utf-8"))
-        system = session.hinted(self.system, tools) or ""
-        return len(("".join(m.content for m in self.messages) + system).encode("utf-8"))
+        else:
+            system = session.hinted(self.system, tools) or ""
+        asked = self.turns.member_messages(self._instruction()) if staged else self._plain_messages()
+        return len(("".join(m.content for m in asked) + system).encode("utf-8"))
+
+    def _instruction(self) -> str | None:
+        return None if self.schema is None else answer_instruction(self.schema)
+
+    def _plain_messages(self) -> tuple[Message, ...]:
+        return user_messages(self.request.question, self.request.context, self._instruction())
 
     def quoted_bytes(self) -> int:
         """A later stage's prompt at its largest: the question as a plain confer asks it (the
@@ -198,12 +228,26 @@ class _Answers:
             for name in self.providers
         ]
 
+    async def _send(self, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]) -> Answer:
+        if self.staged:
+            return await self.turns.answer(name, messages, self.system, tools, self.schema)
+        return await self.session.ask(
+            name, messages, system=self.system, tools=tools, answer_schema=self.schema
+        )
+
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:
         tools = self.session.tools.accepted
-        if self.staged:
-            answer = await self.turns.answer(name, self.system, tools)
+        if self.schema is None:
+            answer = await self._send(name, self.messages, tools)
         else:
-            answer = await self.session.ask(name, self.messages, system=self.system, tools=tools)
+            telemetry = self.session.runtime.telemetry
+            answer = await structured_answer(
+                lambda messages, tools: self._send(name, messages, tools),
+                self.messages,
+                tools,
+                self.schema,
+                telemetry,
+            )
         done[name] = answer
         if self.session.progress is not None:
             step = {
@@ -213,6 +257,48 @@ class _Answers:
                 "total": len(self.providers),
             }
             await self.session.progress(step)
+
+
+class _Vote:
+    """The vote over the members' structured answers (docs/tools.md#structured-answers-and-the-vote):
+    counted, not asked, so it makes no call."""
+
+    def __init__(self, session: Session, request: ConferRequest, schema: Mapping[str, Any]) -> None:
+        self.session, self.request, self.schema = session, request, schema
+
+    def planned_calls(self) -> PlannedCalls:
+        return Counter()
+
+    def bounds(self) -> list[dict[str, Any]]:
+        return []
+
+    async def run(self, board: pipeline.Board) -> None:
+        vote = tally(
+            self.schema,
+            [(a.provider, a.value) for a in board.answers],
+            vote_fields=self.request.vote_fields,
+            tolerance=self.request.tolerance,
+        )
+        self.session.runtime.telemetry.emit(
+            "vote",
+            fields=[_counted(field) for field in vote.fields],
+            consensus=vote.consensus is not None,
+            reason=vote.reason,
+            not_counted=list(vote.not_counted),
+        )
+        board.vote = vote
+
+
+def _counted(field: FieldVote) -> dict[str, Any]:
+    """A voted field as the event log keeps it: the counts, never the values."""
+    return {
+        "field": field.field,
+        "votes": field.votes,
+        "of": field.of,
+        "share": round(field.share, 4),
+        "unanimous": field.unanimous,
+        "tie": field.winner is None and field.of > 0,
+    }
 
 
 class _Review:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from conclave.deliberation.results import Answer, Review, RoleAnswer, Round
 from conclave.deliberation.stages import PlannedCalls
+from conclave.deliberation.vote import Vote
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class Board:
     review: Review | None = None  # confer: the blind peer review
     rounds: list[Round] = field(default_factory=list)  # coordinate: the debate
     synthesis: RoleAnswer | None = None
+    vote: Vote | None = None  # confer with answer_schema: the vote over the members' answers
 
 
 class Stage(Protocol):

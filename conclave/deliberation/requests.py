@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from conclave.schema.config import CostCapMode, WorkerToolMode
 
 # Arguments that arrive as JSON arrays and are kept as tuples, so a request is immutable.
-_SEQUENCES = frozenset({"providers", "critics", "worker_tools"})
+_SEQUENCES = frozenset({"providers", "critics", "worker_tools", "vote_fields"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +47,9 @@ class ConferRequest(CallRequest):
     providers: tuple[str, ...] = ()
     review: bool = False
     synthesize: bool = False
+    answer_schema: Mapping[str, Any] | None = None
+    vote_fields: tuple[str, ...] = ()
+    tolerance: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

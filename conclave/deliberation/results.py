@@ -15,6 +15,7 @@ from conclave.core.budgets import CostCapReport
 from conclave.core.messages import Usage
 from conclave.core.records import record
 from conclave.deliberation.roles import Role
+from conclave.deliberation.vote import Vote
 from conclave.worker.loop import InnerCall
 
 OPERATOR_PROMPT = (
@@ -27,7 +28,8 @@ OPERATOR_PROMPT = (
 @record
 class Answer:
     """One provider's answer to one turn. `status`: ok | error | timeout | breaker_open | skipped
-    (and, for a coordinate role, invalid_envelope)."""
+    (and, for a role, invalid_envelope; for a structured answer, invalid_answer). `value`: the
+    structured answer, when the call asked for one and the reply was valid."""
 
     provider: str
     model: str | None
@@ -42,6 +44,7 @@ class Answer:
     inner_tool_calls: tuple[InnerCall, ...] = ()
     cost_cap: CostCapReport | None = None
     tool_mode: str | None = None  # native | tags: how this turn's tools were encoded
+    value: Mapping[str, Any] | None = None
     exchanges: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)  # transcripts
 
     @property
@@ -52,7 +55,7 @@ class Answer:
     def error_code(self) -> str | None:
         return self.error.get("code") if self.error else None
 
-    def to_dict(self, *, tools_on: bool) -> dict[str, Any]:
+    def to_dict(self, *, tools_on: bool, structured: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "provider": self.provider,
             "model": self.model,
@@ -65,6 +68,8 @@ class Answer:
             "hops": self.hops,
             "warnings": list(self.warnings),
         }
+        if structured:
+            out["value"] = dict(self.value) if self.value is not None else None
         if tools_on:
             out["inner_tool_calls"] = [call.to_dict() for call in self.inner_tool_calls]
             if self.tool_mode is not None:
@@ -107,8 +112,8 @@ class RoleAnswer(Answer):
     def reason(self) -> DegradedReason:
         return DegradedReason.of(self, self.role)
 
-    def to_dict(self, *, tools_on: bool) -> dict[str, Any]:
-        out = Answer.to_dict(self, tools_on=tools_on and self.role != "synthesizer")
+    def to_dict(self, *, tools_on: bool, structured: bool = False) -> dict[str, Any]:
+        out = Answer.to_dict(self, tools_on=tools_on and self.role != "synthesizer", structured=structured)
         out.update(role=self.role, envelope=self.envelope, attempts=self.attempts)
         if self.round is not None:
             out["round"] = self.round
@@ -313,10 +318,14 @@ class ConferResult(_Result):
     review: Review | None = None
     synthesis: RoleAnswer | None = None
     reviewers: tuple[RoleAnswer, ...] = ()  # every reviewer's turn (for totals and transcripts)
+    vote: Vote | None = None  # when the call asked for structured answers
 
     def to_dict(self) -> dict[str, Any]:
-        answers = [answer.to_dict(tools_on=self.tools_on) for answer in self.answers]
+        structured = self.vote is not None
+        answers = [a.to_dict(tools_on=self.tools_on, structured=structured) for a in self.answers]
         out = {**self._head(), "answers": answers}
+        if self.vote is not None:
+            out["vote"] = self.vote.to_dict()
         if self.review is not None:
             out["review"] = self.review.to_dict()
         if self.synthesis is not None:

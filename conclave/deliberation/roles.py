@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from string import Template
@@ -205,6 +205,17 @@ def chair_prompt(answers: Sequence[tuple[str, str]], aggregate: Sequence[Mapping
     )
 
 
+def answer_instruction(schema: Mapping[str, Any]) -> str:
+    """What a member asked for a structured answer is told after the question, whether or not its
+    provider also holds the reply to the schema natively."""
+    return _fill("answer_schema", schema=_fenced(dict(schema)))
+
+
+def answer_reprompt(error: str) -> str:
+    """The single re-prompt after a reply that is not a valid structured answer."""
+    return _fill("answer_reprompt", error=_fenced_model_output(_clip(error, 4 * MAX_ERROR_CHARS)))
+
+
 def reprompt(role: Role, error: str) -> str:
     """The single re-prompt after an invalid reply, quoting the validator's error (as a JSON string)."""
     _schema_name(role)
@@ -215,11 +226,24 @@ def reprompt(role: Role, error: str) -> str:
 
 
 def parse_envelope(role: Role, text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(envelope, None) for a valid reply, else (None, error). The object is looked for as the whole
-    reply, else in ```json (or bare ```) fenced blocks, else embedded in prose; the first candidate the
-    schema accepts wins, and when none does, the error is the first candidate's. Duplicate keys,
-    NaN/Infinity and over-deep nesting fail the reply outright: nothing is repaired."""
+    """(envelope, None) for a valid reply, else (None, error), as `parse_object` finds it."""
     schema = _schema_name(role)
+
+    def problem(candidate: dict[str, Any]) -> str | None:
+        error = first_error(schema, candidate)
+        return None if error is None else f"{json_path(error)}: {_clip(error.message, MAX_ERROR_CHARS)}"
+
+    return parse_object(text, problem)
+
+
+def parse_object(
+    text: str, problem: Callable[[dict[str, Any]], str | None]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(object, None) for a reply holding a JSON object `problem` finds nothing wrong with, else
+    (None, error). The object is looked for as the whole reply, else in ```json (or bare ```)
+    fenced blocks, else embedded in prose; the first candidate without a problem wins, and when
+    none is, the error is the first candidate's. Duplicate keys, NaN/Infinity and over-deep
+    nesting fail the reply outright: nothing is repaired."""
     if len(text) > MAX_REPLY_CHARS:
         return None, f"reply too long: {len(text)} characters (limit {MAX_REPLY_CHARS})"
     try:
@@ -228,10 +252,10 @@ def parse_envelope(role: Role, text: str) -> tuple[dict[str, Any] | None, str | 
         return None, str(exc)
     first: str | None = None
     for candidate in candidates:
-        error = first_error(schema, candidate)
+        error = problem(candidate)
         if error is None:
             return candidate, None
-        first = first or f"{json_path(error)}: {_clip(error.message, MAX_ERROR_CHARS)}"
+        first = first or error
     return None, first
 
 

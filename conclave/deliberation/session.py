@@ -144,6 +144,7 @@ class Session:
         role: str | None = None,
         shared: int = 0,
         marked: bool = False,
+        answer_schema: Mapping[str, Any] | None = None,
     ) -> Answer:
         """One worker turn for provider `name`, as an Answer: a failure is a status, never raised.
         `shared`: the characters of `system` this session's calls start with (the question or
@@ -167,6 +168,7 @@ class Session:
             tool_mode=self._tool_mode(name) if tools else "tags",
             cache_prefix=shared if marked else 0,
             cache_key=self.id if shared else None,
+            answer_schema=answer_schema,
         )
         ticket = next(self._tickets)
         self.awaiting[ticket] = f"{role} {name}" if role else name
@@ -395,7 +397,8 @@ def merged_warnings(answers: Sequence[Answer], *, price_unknown: bool) -> tuple[
     return tuple(warnings)
 
 
-def user_messages(question: str, context: str | None) -> tuple[Message, ...]:
-    if context:
-        return (Message("user", f"{question}\n\nContext:\n{context}"),)
-    return (Message("user", question),)
+def user_messages(question: str, context: str | None, instruction: str | None = None) -> tuple[Message, ...]:
+    """The caller's question as a member is asked it, the context after it, and (for a structured
+    answer) what its answer must look like last."""
+    text = f"{question}\n\nContext:\n{context}" if context else question
+    return (Message("user", text if instruction is None else f"{text}\n\n{instruction}"),)

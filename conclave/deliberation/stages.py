@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from conclave.core.messages import Message
-from conclave.deliberation.answers import timed_out
+from conclave.deliberation.answers import combined, timed_out
 from conclave.deliberation.results import Answer, RoleAnswer, Totals
 from conclave.deliberation.roles import (
     Role,
@@ -92,11 +92,32 @@ class RoleTurns:
             return self.timed_out("synthesizer", names[0])
         return _with_fallback(failed[-1], failed[:-1])
 
-    async def answer(self, name: str, system: str | None, tools: tuple[str, ...]) -> Answer:
+    def member_messages(self, instruction: str | None = None) -> tuple[Message, ...]:
+        """A `confer` member's own turn, after the shared part: what it is asked (and, for a
+        structured answer, the schema's instruction)."""
+        ask = member_prompt() if instruction is None else f"{member_prompt()}\n\n{instruction}"
+        return (Message("user", ask),)
+
+    async def answer(
+        self,
+        name: str,
+        messages: tuple[Message, ...],
+        system: str | None,
+        tools: tuple[str, ...],
+        answer_schema: Mapping[str, Any] | None = None,
+    ) -> Answer:
         """A `confer` member's own answer, laid out like its role turns (`member_system`), with
-        the caller's `system` after the shared part. Not a role turn: free text, no envelope."""
-        messages = (Message("user", member_prompt()),)
-        return await self._send(name, messages, member_system(self.shared, system), tools, None)
+        the caller's `system` after the shared part. Not a role turn: no envelope."""
+        marked = self.marks(name, tools)
+        return await self.session.ask(
+            name,
+            messages,
+            system=member_system(self.shared, system),
+            tools=tools,
+            shared=len(self.shared),
+            marked=marked,
+            answer_schema=answer_schema,
+        )
 
     def marks(self, name: str, tools: tuple[str, ...]) -> bool:
         """Whether `name`'s turn with `tools` ends a cache breakpoint after the shared part: when
@@ -196,23 +217,7 @@ def _fields(answer: Answer) -> dict[str, Any]:
 
 def _merged(first: RoleAnswer, second: Answer) -> RoleAnswer:
     """A role's two attempts as one answer: the second's outcome, both attempts' costs."""
-    spent = [a for a in (first, second) if a.hops > 0]
-    return RoleAnswer(
-        **{
-            **_fields(second),
-            "usage": Totals.of(spent).usage,
-            "hops": first.hops + second.hops,
-            "latency_ms": first.latency_ms + second.latency_ms,
-            "inner_tool_calls": first.inner_tool_calls + second.inner_tool_calls,
-            "cost_cap": first.cost_cap,
-            "exchanges": first.exchanges + second.exchanges,
-            "warnings": tuple(dict.fromkeys(first.warnings + second.warnings)),
-            "text": second.text if second.ok else None,
-        },
-        role=first.role,
-        round=first.round,
-        attempts=2,
-    )
+    return RoleAnswer(**_fields(combined(first, second)), role=first.role, round=first.round, attempts=2)
 
 
 def _with_fallback(answer: RoleAnswer, failed: Sequence[RoleAnswer]) -> RoleAnswer:

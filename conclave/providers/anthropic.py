@@ -6,13 +6,20 @@ Native tools (docs/providers.md#native-tool-calling): declared as
 matched to their results by the block's own `toolu_…` id. The assistant turn that made them
 is repeated as the very blocks the response held (`echo`): with extended thinking the API
 rejects a tool loop whose `thinking` / `redacted_thinking` blocks come back altered or without
-their signatures."""
+their signatures.
+
+Structured output (docs/providers.md#structured-output): the answer schema as
+`output_config.format`, closed and stripped to what the API takes; the reply is one JSON text
+block."""
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
+
+import orjson
 
 from conclave.core.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
@@ -40,6 +47,18 @@ _FINISH = {
     "refusal": "content_filter",
     "model_context_window_exceeded": "length",
 }
+# Structured outputs refuse these schema keywords (400); the SDKs move them into the description
+# and check the reply against the full schema, as Conclave does too.
+_UNSUPPORTED = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength"}
+    | {"maxItems", "uniqueItems"}
+)
+_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"}
+)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_ONES = ("items", "additionalProperties", "contains", "not", "if", "then", "else")
+_SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 
 
 class AnthropicAdapter:
@@ -66,6 +85,11 @@ class AnthropicAdapter:
             if request.tool_choice == "none":
                 # Keeps the declarations (the history's tool_use blocks need them) but forbids calls.
                 body["tool_choice"] = {"type": "none"}
+        if request.answer_schema is not None and KIND.structured_output:
+            # The GA shape: no beta header (the beta's top-level `output_format` needed one).
+            body["output_config"] = {
+                "format": {"type": "json_schema", "schema": _output_schema(request.answer_schema)}
+            }
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
@@ -107,6 +131,43 @@ KIND = KindSpec(
     cache="breakpoint",  # cache_control on the shared system block (`_system`)
     otel_name="anthropic",
 )
+
+
+def _output_schema(node: Any) -> Any:
+    """The answer schema as structured outputs take it: every object closed
+    (`additionalProperties: false`, which the API requires: only a narrowing, so a reply valid
+    here is valid against the caller's schema), and the numeric, length and item-count limits and
+    string formats it refuses moved into the description, as the SDKs' `transform_schema` does.
+    The reply is still checked against the caller's full schema."""
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    moved: dict[str, Any] = {}
+    for key, value in node.items():
+        if _refused(key, value):
+            moved[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _output_schema(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_output_schema(sub) for sub in value]
+        elif key in _SCHEMA_ONES:
+            out[key] = _output_schema(value)
+        else:
+            out[key] = value
+    kind = out.get("type")
+    if kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in out:
+        out["additionalProperties"] = False
+    if moved:
+        note = ", ".join(f"{k}: {orjson.dumps(v).decode()}" for k, v in moved.items())
+        description = out.get("description")
+        out["description"] = f"{description} ({note})" if isinstance(description, str) else f"({note})"
+    return out
+
+
+def _refused(key: str, value: Any) -> bool:
+    if key == "minItems":
+        return value not in (0, 1)
+    return key in _UNSUPPORTED or (key == "format" and value not in _FORMATS)
 
 
 def _message(m: Message) -> dict[str, Any]:

@@ -92,7 +92,9 @@ class KindSpec:
 
     adapter: Adapter
     native_tools: bool  # tools called through the wire's own fields, not the `<tool_call>` tags
-    structured_output: bool  # the wire can hold an answer to a JSON Schema (nothing asks it yet)
+    # The wire can hold an answer to a JSON Schema: a request's `answer_schema` goes out in the
+    # wire's own field (docs/providers.md#structured-output).
+    structured_output: bool
     streaming: bool  # the adapter reads streamed answers (none does yet: replies are read whole)
     cache: CacheMechanics
     otel_name: str  # OpenTelemetry's `gen_ai.provider.name` for the kind

@@ -5,7 +5,12 @@ apart.
 Native tools (docs/providers.md#native-tool-calling): declarations as `functionDeclarations`
 with `parametersJsonSchema`; calls are `functionCall` parts, whose model turn is repeated
 unchanged (thoughtSignature and thought parts included); results go back as one user turn of
-`functionResponse` parts."""
+`functionResponse` parts.
+
+Structured output (docs/providers.md#structured-output): `responseMimeType: application/json`
+with the answer schema as `responseJsonSchema` (plain JSON Schema, as `parametersJsonSchema`);
+the reply is the JSON text. Gemini 1.x and 2.x refuse a JSON reply in a request that declares
+functions, so there a turn with tools asks for its JSON in the prompt alone."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from conclave.providers.base import (
     KindSpec,
     ParsedCompletion,
     as_int,
+    bare_model,
     parse_duration,
 )
 from conclave.schema.config import ProviderConfig
@@ -38,6 +44,9 @@ _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 # tool-result turn keeps. Such a call is named `call-<its index among the turn's calls>`, a name
 # never sent back (were a real id of that shape left off, name and order would still pair it).
 _MADE_UP_ID = re.compile(r"call-\d+")
+# "Function calling with a response mime type: 'application/json' is unsupported" (400): the
+# generations before Gemini 3 take a JSON reply or function declarations, not both.
+_NO_JSON_WITH_TOOLS = re.compile(r"^gemini-[12][.-]")
 
 
 class GeminiAdapter:
@@ -55,6 +64,9 @@ class GeminiAdapter:
         config: dict[str, Any] = {"maxOutputTokens": request.max_tokens}
         if request.temperature is not None:
             config["temperature"] = request.temperature
+        if request.answer_schema is not None and _json_answer(request, entry):
+            config["responseMimeType"] = "application/json"
+            config["responseJsonSchema"] = request.answer_schema
         body: dict[str, Any] = {"contents": contents, "generationConfig": config}
         if request.system:
             body["systemInstruction"] = {"parts": [{"text": request.system}]}
@@ -115,6 +127,14 @@ KIND = KindSpec(
     cache="implicit",
     otel_name="gcp.gemini",
 )
+
+
+def _json_answer(request: CompletionRequest, entry: ProviderConfig) -> bool:
+    """Whether the answer schema goes on the wire: the kind takes one, except in a request that
+    declares functions to a model before Gemini 3 (the prompt still asks for the JSON)."""
+    return KIND.structured_output and not (
+        request.tools and _NO_JSON_WITH_TOOLS.match(bare_model(entry.model))
+    )
 
 
 def _content(message: Message) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from conclave.providers.base import (
     bare_model,
     header_text,
 )
+from conclave.schema.answer_schema import strict_compatible
 from conclave.schema.config import ProviderConfig
 from conclave.schema.strictjson import tool_arguments
 
@@ -38,6 +39,8 @@ _SYSTEM_AS_USER = re.compile(r"^o1-mini")
 # back", api-docs.deepseek.com/guides/thinking_mode#tool-calls); `reasoning_details` is
 # OpenRouter's, which carries upstream thought signatures.
 _ECHOED = ("role", "content", "tool_calls", "reasoning_content", "reasoning_details")
+# What `response_format.json_schema.name` may hold; anything else is a 400.
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 def is_reasoning_model(entry: ProviderConfig) -> bool:
@@ -97,15 +100,21 @@ class OpenAIAdapter:
             # entry says its API takes the field: compatible servers may refuse one they do not
             # know, and a host name says nothing about what a proxy in front of it accepts.
             body["prompt_cache_key"] = request.cache_key
+        if request.answer_schema is not None and KIND.structured_output:
+            body["response_format"] = _response_format(request.answer_schema, request.answer_schema_name)
         return body
 
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion:
         choice = body["choices"][0]
         message = choice["message"]
         calls = message.get("tool_calls") or []
+        text = _content_text(message.get("content"))
+        finish = choice.get("finish_reason") or "stop"
+        if not text and isinstance(message.get("refusal"), str) and message["refusal"]:
+            finish = "content_filter"  # a structured-output refusal: no content, the reason apart
         return ParsedCompletion(
-            text=_content_text(message.get("content")),
-            finish_reason=choice.get("finish_reason") or "stop",
+            text=text,
+            finish_reason=finish,
             usage=_usage(body.get("usage") or {}),
             model=body.get("model") or entry.model,
             request_id=header_text(headers, "x-request-id")
@@ -139,6 +148,18 @@ KIND = KindSpec(
     cache="cache_key",  # automatic, with prompt_cache_key to route a session to one cache
     otel_name="openai",
 )
+
+
+def _response_format(schema: Any, name: str) -> dict[str, Any]:
+    """Structured output (docs/providers.md#structured-output): strict, so the server holds the
+    reply to the schema, where strict mode takes the schema; otherwise as a guide the reply is
+    still checked against."""
+    json_schema = {
+        "name": _NOT_IN_NAME.sub("_", name)[:64] or "answer",
+        "schema": schema,
+        "strict": strict_compatible(schema),
+    }
+    return {"type": "json_schema", "json_schema": json_schema}
 
 
 def _declaration(tool: ToolDeclaration) -> dict[str, Any]:

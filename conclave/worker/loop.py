@@ -75,6 +75,9 @@ class WorkerTurn:
     # characters of `system` every call of the session shares (docs/providers.md#prompt-caching)
     cache_prefix: int = 0
     cache_key: str | None = None
+    # the final reply must be a JSON object valid against it: held to it natively where the
+    # provider can (never on a tags-mode hop, whose reply may be a tool call)
+    answer_schema: Mapping[str, Any] | None = None
 
 
 @record
@@ -465,13 +468,19 @@ class WorkerLoop:
             temperature=turn.temperature,
             cache_prefix=turn.cache_prefix,
             cache_key=turn.cache_key,
+            answer_schema=turn.answer_schema,
         )
         if not turn.tools:
             return request
         tools = Toolset(self._registry, turn.tools, state.hops.limit, turn.canary)
         declared = state.encoding.declare(tools, turn.system, final_round=state.final_round)
+        schema = turn.answer_schema if state.encoding.mode == "native" or state.final_round else None
         return replace(
-            request, system=declared.system, tools=declared.tools, tool_choice=declared.tool_choice
+            request,
+            system=declared.system,
+            tools=declared.tools,
+            tool_choice=declared.tool_choice,
+            answer_schema=schema,
         )
 
     def _meter(self, state: _TurnState, completion: Completion) -> None:

@@ -14,6 +14,7 @@ the default answer.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -73,6 +74,11 @@ class Reply:
     `thinking` adds the reasoning the service shows (an Anthropic thinking block with its
     signature, a Gemini thought part and a thoughtSignature), which the panel then checks comes
     back unchanged. OpenAI's Chat Completions shows no reasoning, so there it is not sent.
+
+    `value` is the answer as a JSON object, sent as the reply's text (serialized): what the
+    model answers a request for structured output, or a prompt asking for JSON. A reply gives
+    `text` or `value`, not both; with neither, a request for structured output gets an object
+    built from its schema (`conclave/app/sim/structured.py`).
     """
 
     text: str | None = None
@@ -90,9 +96,19 @@ class Reply:
     model: str | None = None
     tool_calls: tuple[NativeCall, ...] = ()
     thinking: str | None = None
+    value: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.value is not None:
+            if not isinstance(self.value, Mapping):
+                raise ValueError(f"reply value must be a JSON object, got {type(self.value).__name__}")
+            if self.text is not None:
+                raise ValueError("a reply gives text or value, not both")
+            try:
+                json.dumps(self.value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"reply value must be JSON: {exc}") from None
         if not 100 <= self.status <= 599:
             raise ValueError(f"reply status must be an HTTP status (100-599), got {self.status}")
         if self.fault is not None and self.fault not in FAULTS:
@@ -120,6 +136,7 @@ class Reply:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["headers"] = dict(self.headers)
         out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        out["value"] = None if self.value is None else json.loads(json.dumps(self.value))
         return out
 
 
@@ -247,6 +264,7 @@ _REPLY_TYPES: dict[str, tuple[type, ...]] = {
     "model": _STR_OR_NONE,
     "tool_calls": (list,),
     "thinking": _STR_OR_NONE,
+    "value": (dict, type(None)),
 }
 _CALL_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "arguments": (dict, str), "id": _STR_OR_NONE}
 

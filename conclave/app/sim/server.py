@@ -4,8 +4,9 @@
 Conclave's own adapters talk to it over loopback exactly as they talk to real
 providers, so tests, the demo and the benchmark exercise the real HTTP path. Every
 answer is scripted (`Scenario`) or a deterministic default labelled `[simulated <model>]`
-(with `role_answers`, a valid role envelope when the prompt asks for a role: `roles.py`), and
-every response carries `server: conclave-sim`.
+(with `role_answers`, a valid role envelope when the prompt asks for a role: `roles.py`; for a
+request for structured output, an object valid against its schema: `structured.py`), and every
+response carries `server: conclave-sim`.
 
 aiohttp runs on asyncio, so this module uses asyncio directly (latency is one
 `asyncio.sleep` per request); the rest of Conclave stays on anyio. The request path is
@@ -25,7 +26,7 @@ from typing import Any, Final, Literal
 import orjson
 from aiohttp import web
 
-from conclave.app.sim import wire
+from conclave.app.sim import structured, wire
 from conclave.app.sim.caching import Cached, PromptCache
 from conclave.app.sim.kinds import WIRES
 from conclave.app.sim.recording import (
@@ -303,6 +304,8 @@ def _answer_text(
     if reply.text is not None:
         text = render_text(reply.text, model=parsed.model, call=call, last_user_text=parsed.last_user_text)
         return text, reply.finish_reason
+    if reply.value is not None:  # the answer as an object, serialized as a model writes it
+        return orjson.dumps(reply.value).decode(), reply.finish_reason
     if reply.tool_calls:
         return "", reply.finish_reason  # a turn that only calls, as models often answer
     # The default answer respects the request's token cap like a model would; a scripted
@@ -315,6 +318,9 @@ def _answer_text(
 
 
 def _default_text(parsed: wire.ParsedRequest, roles: bool) -> str:
+    if parsed.answer_schema is not None:  # structured output: an object valid against the schema
+        schema, question = parsed.answer_schema, parsed.last_user_text
+        return orjson.dumps(structured.synthesize(schema, model=parsed.model, question=question)).decode()
     # The role's ask closes the last message; a tool result coming back is not a role prompt.
     envelope = role_answer(parsed.model, parsed.last_text) if roles else None
     return envelope if envelope is not None else default_answer(parsed.model, parsed.last_user_text)

@@ -1,7 +1,10 @@
 """Anthropic Messages as the simulated panel speaks it: the counterpart of
 `conclave/providers/anthropic.py` (docs/providers.md#anthropic-wire). Requests are checked as
 the API checks them (the version header, `max_tokens`, roles, tool histories and thinking
-signatures); replies, compact JSON errors and headers are laid out as Anthropic lays them out."""
+signatures); replies, compact JSON errors and headers are laid out as Anthropic lays them out.
+Structured output is read from `output_config.format` (or the beta's `output_format`, only with
+its `anthropic-beta` header), its schema held to the documented limits; the answer is then one
+JSON text block (`conclave/app/sim/structured.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from conclave.app.sim import native
+from conclave.app.sim import native, structured
 from conclave.app.sim.kinds.base import (
     Answer,
     CacheRule,
@@ -28,6 +31,19 @@ from conclave.app.sim.native import Rejected
 from conclave.app.sim.scenarios import NativeCall
 
 _TOOL_CHOICES = frozenset({"auto", "any", "tool", "none"})
+_OUTPUTS_BETA = "structured-outputs-2025-11-13"  # the beta header `output_format` needs
+# Structured outputs' documented limits: these keywords are refused, `minItems` takes 0 or 1.
+_UNSUPPORTED = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "maxItems",
+    "uniqueItems",
+)
 
 
 class AnthropicWire:
@@ -43,7 +59,7 @@ class AnthropicWire:
     def parse(
         self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
     ) -> ParsedRequest:
-        return _parse(body, headers.get("anthropic-version"))
+        return _parse(body, headers)
 
     def success(self, answer: Answer) -> dict[str, Any]:
         return _success(answer)
@@ -67,8 +83,8 @@ WIRE = AnthropicWire()
 # ---------------------------------------------------------------------------- parsing
 
 
-def _parse(body: Mapping[str, Any], version: str | None) -> ParsedRequest:
-    if not version:
+def _parse(body: Mapping[str, Any], headers: Mapping[str, str]) -> ParsedRequest:
+    if not headers.get("anthropic-version"):
         raise invalid("anthropic-version: header is required")
     model = require_model(body, "model: Field required")
     max_tokens = body.get("max_tokens")
@@ -103,7 +119,54 @@ def _parse(body: Mapping[str, Any], version: str | None) -> ParsedRequest:
         input_chars=len(text_of(body.get("system"))) + sum(map(len, texts)),
         max_tokens=max_tokens,
         declares_tools=native.declares_tools(body),
+        answer_schema=_answer_schema(body, headers.get("anthropic-beta") or ""),
     )
+
+
+# ---------------------------------------------------------------------------- structured output
+
+
+def _answer_schema(body: Mapping[str, Any], betas: str) -> Mapping[str, Any] | None:
+    """The schema `output_config.format` (GA) or `output_format` (the beta, which needs its
+    header) holds the answer to, refused where the API refuses it."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise invalid("output_config: Input should be a valid dictionary")
+    fmt, where = (config or {}).get("format"), "output_config.format"
+    if "output_format" in body:
+        if _OUTPUTS_BETA not in (b.strip() for b in betas.split(",")):
+            raise invalid("output_format: Extra inputs are not permitted")
+        if fmt is not None:
+            raise invalid("output_format and output_config.format cannot both be set")
+        fmt, where = body["output_format"], "output_format"
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid(f"{where}: Input should be a valid dictionary")
+    if fmt.get("type") != "json_schema":
+        raise invalid(f"{where}.type: Input should be 'json_schema'")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        wrong = "Field required" if schema is None else "Input should be a valid dictionary"
+        raise invalid(f"{where}.schema: {wrong}")
+    problem = _schema_problem(schema)
+    if problem is not None:
+        raise invalid(f"{where}.schema: {problem}")
+    return schema
+
+
+def _schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """What the documented limits refuse (the wording is the panel's own)."""
+    for path, node in structured.walk(schema):
+        where = "/".join(path) or "(root)"
+        refused = next((k for k in _UNSUPPORTED if k in node), None)
+        if refused is not None:
+            return f"'{refused}' is not supported (at {where})"
+        if node.get("minItems", 0) not in (0, 1):
+            return f"'minItems' only supports the values 0 and 1 (at {where})"
+        if structured.is_object(node) and node.get("additionalProperties") is not False:
+            return f"For 'object' type, 'additionalProperties' must be explicitly set to false (at {where})"
+    return None
 
 
 # ---------------------------------------------------------------------------- native tools

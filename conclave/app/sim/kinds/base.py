@@ -33,6 +33,9 @@ class ParsedRequest:
     input_chars: int  # every input text, system included, for the token estimate
     max_tokens: int | None
     declares_tools: bool = False
+    # The schema the wire's structured-output field asked the answer to follow ({"type":
+    # "object"} for a bare JSON mode); None: free text. Checked as the service checks it.
+    answer_schema: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

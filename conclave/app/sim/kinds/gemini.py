@@ -2,7 +2,9 @@
 `conclave/providers/gemini.py` (docs/providers.md#gemini-wire). The model is named in the path;
 requests are checked as the API checks them (roles, function call and response counts, thought
 signatures); replies leave out what is empty or zero, and errors are 2-space pretty JSON with
-Google's `details`, as Google lays them out."""
+Google's `details`, as Google lays them out. `generationConfig.responseMimeType:
+application/json` asks for a JSON answer, held to `responseJsonSchema` when it is given
+(`conclave/app/sim/structured.py`)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ from conclave.app.sim.native import Rejected
 from conclave.app.sim.scenarios import NativeCall
 
 _MODES = frozenset({"MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"})
+_MIME_TYPES = frozenset(
+    {"text/plain", "application/json", "application/xml", "application/yaml", "text/x.enum"}
+)
+# The generations before Gemini 3 take a JSON answer or function declarations, not both.
+_NO_JSON_WITH_TOOLS = re.compile(r"^gemini-[12][.-]")
 _COUNTS_DIFFER = (
     "Please ensure that the number of function response parts is equal to the number "
     "of function call parts of the function call turn."
@@ -85,7 +92,8 @@ def _parse(body: Mapping[str, Any], model: str) -> ParsedRequest:
     system = body.get("systemInstruction")
     system_text = text_of(system.get("parts")) if isinstance(system, dict) else ""
     config = body.get("generationConfig")
-    max_tokens = config.get("maxOutputTokens") if isinstance(config, dict) else None
+    config = config if isinstance(config, dict) else {}
+    max_tokens = config.get("maxOutputTokens")
     return ParsedRequest(
         model=model,
         last_text=texts[-1],
@@ -93,6 +101,43 @@ def _parse(body: Mapping[str, Any], model: str) -> ParsedRequest:
         input_chars=len(system_text) + sum(map(len, texts)),
         max_tokens=max_tokens if isinstance(max_tokens, int) else None,
         declares_tools=native.declares_tools(body),
+        answer_schema=_answer_schema(config, model, _declares_functions(body)),
+    )
+
+
+# ---------------------------------------------------------------------------- structured output
+
+
+def _answer_schema(config: Mapping[str, Any], model: str, functions: bool) -> Mapping[str, Any] | None:
+    """The schema a JSON answer is held to ({"type": "object"} for JSON mode without one), or
+    None for text; refused where the API refuses it."""
+    mime = config.get("responseMimeType")
+    schema = config.get("responseJsonSchema")
+    if mime is not None and mime not in _MIME_TYPES:
+        raise invalid(
+            "* GenerateContentRequest.generation_config.response_mime_type: allowed mimetypes are "
+            "`text/plain`, `application/json`, `application/xml`, `application/yaml` and `text/x.enum`."
+        )
+    if schema is not None and mime != "application/json":
+        raise invalid(
+            "* GenerateContentRequest.generation_config.response_mime_type: "
+            "response_mime_type must be `application/json` when response_json_schema is set."
+        )
+    if mime != "application/json":
+        return None
+    if functions and _NO_JSON_WITH_TOOLS.match(model.removeprefix("models/").lower()):
+        raise invalid("Function calling with a response mime type: 'application/json' is unsupported")
+    if schema is None:
+        return {"type": "object"}
+    if not isinstance(schema, dict):
+        raise invalid("* GenerateContentRequest.generation_config.response_json_schema: must be an object.")
+    return schema
+
+
+def _declares_functions(body: Mapping[str, Any]) -> bool:
+    tools = body.get("tools")
+    return isinstance(tools, list) and any(
+        isinstance(t, dict) and t.get("functionDeclarations") for t in tools
     )
 
 

@@ -1,7 +1,9 @@
 """OpenAI Chat Completions as the simulated panel speaks it: the counterpart of
 `conclave/providers/openai.py` (docs/providers.md#openai-compatible-wire). Requests are checked
 as the API checks them, tool histories included; replies, errors (4-space pretty JSON with a
-trailing newline) and headers are laid out as OpenAI lays them out."""
+trailing newline) and headers are laid out as OpenAI lays them out. `response_format` is read as
+the API reads it: `json_schema` (strict mode refusing a schema it cannot enforce) or
+`json_object`, whose answer is then one JSON object (`conclave/app/sim/structured.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from conclave.app.sim import native
+from conclave.app.sim import native, structured
 from conclave.app.sim.kinds.base import (
     Answer,
     CacheRule,
@@ -29,6 +31,13 @@ from conclave.app.sim.scenarios import NativeCall
 
 _REASONING = re.compile(r"o\d|gpt-5($|-mini|-nano|-\d{4})")
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
+_SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# What strict mode refuses in a schema, whatever else it holds.
+_NOT_STRICT = (
+    *("allOf", "not", "if", "then", "else"),
+    *("dependentRequired", "dependentSchemas", "patternProperties"),
+)
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
 
 
 class OpenAIWire:
@@ -88,6 +97,7 @@ def _parse(body: Mapping[str, Any]) -> ParsedRequest:
         input_chars=sum(map(len, texts)),
         max_tokens=max_tokens if isinstance(max_tokens, int) else None,
         declares_tools=native.declares_tools(body),
+        answer_schema=_answer_schema(body, texts),
     )
 
 
@@ -136,6 +146,114 @@ def _check_reasoning_params(body: Mapping[str, Any]) -> None:
             param="temperature",
             code="unsupported_value",
         )
+
+
+# ---------------------------------------------------------------------------- structured output
+
+
+def _answer_schema(body: Mapping[str, Any], texts: Sequence[str]) -> Mapping[str, Any] | None:
+    """The schema `response_format` holds the answer to, refused where the API refuses it."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid(
+            f"Invalid type for 'response_format': expected an object, but got {_json_type(fmt)} instead.",
+            param="response_format",
+            code="invalid_type",
+        )
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        if not any("json" in text.lower() for text in texts):
+            raise invalid(
+                "'messages' must contain the word 'json' in some form, to use 'response_format' of "
+                "type 'json_object'.",
+                param="messages",
+            )
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise invalid(
+            f"Invalid value: '{kind}'. Supported values are: 'text', 'json_object', and 'json_schema'.",
+            param="response_format.type",
+            code="invalid_value",
+        )
+    return _json_schema(fmt.get("json_schema"))
+
+
+def _json_schema(spec: Any) -> Mapping[str, Any]:
+    if not isinstance(spec, dict):
+        raise invalid(
+            "Missing required parameter: 'response_format.json_schema'.",
+            param="response_format.json_schema",
+            code="missing_required_parameter",
+        )
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise invalid(
+            "Missing required parameter: 'response_format.json_schema.name'.",
+            param="response_format.json_schema.name",
+            code="missing_required_parameter",
+        )
+    if not _SCHEMA_NAME.fullmatch(name):
+        raise invalid(
+            "Invalid 'response_format.json_schema.name': string does not match pattern. Expected a "
+            "string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+            param="response_format.json_schema.name",
+            code="invalid_value",
+        )
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid(
+            "Invalid type for 'response_format.json_schema.schema': expected an object, but got "
+            f"{_json_type(schema)} instead.",
+            param="response_format.json_schema.schema",
+            code="invalid_type",
+        )
+    strict = spec.get("strict", False)
+    if not isinstance(strict, bool) and strict is not None:
+        raise invalid(
+            "Invalid type for 'response_format.json_schema.strict': expected a boolean, but got "
+            f"{_json_type(strict)} instead.",
+            param="response_format.json_schema.strict",
+            code="invalid_type",
+        )
+    problem = _strict_problem(schema) if strict else None
+    if problem is not None:
+        # OpenAI's own layout: param response_format, code null.
+        raise invalid(f"Invalid schema for response_format '{name}': {problem}", param="response_format")
+    return schema
+
+
+def _strict_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why strict mode cannot enforce `schema`, in OpenAI's words; None when it can: an object at
+    the root, every object closed and all of its properties required."""
+    if schema.get("type") != "object":
+        return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: \"{schema.get('type')}\"'."
+    for path, node in structured.walk(schema):
+        context = f"In context={path!r}"
+        refused = next((k for k in _NOT_STRICT if k in node), None)
+        if refused is not None:
+            return f"{context}, '{refused}' is not permitted."
+        if not structured.is_object(node):
+            continue
+        if node.get("additionalProperties") is not False:
+            return f"{context}, 'additionalProperties' is required to be supplied and to be false."
+        properties = node.get("properties") or {}
+        required = node.get("required")
+        required = required if isinstance(required, list) else []
+        missing = [name for name in properties if name not in required]
+        if missing:
+            return (
+                f"{context}, 'required' is required to be supplied and to be an array including "
+                f"every key in properties. Missing '{missing[0]}'."
+            )
+    return None
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), "a number" if isinstance(value, float) else "null")
 
 
 # ---------------------------------------------------------------------------- native tools

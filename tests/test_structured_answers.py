@@ -1,0 +1,187 @@
+"""Structured answers and the vote through `confer` (docs/tools.md#structured-answers-and-the-vote):
+members held to the caller's `answer_schema` (on the wire and in the prompt), a reply that is not
+valid re-prompted once with the validator's errors and then `invalid_answer`, the vote over the
+valid ones, its event, and the door refusing what the schema may not hold. Members are OpenAI-wire
+providers over the in-memory transport, each answering as its handler says."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import conclave
+from conclave.net.http import MemoryTransport
+from conclave.schema.answer_schema import choices_schema
+from conclave.schema.config import Config
+from tests.support import read_events
+
+pytestmark = pytest.mark.anyio
+
+CHOICES = choices_schema(["SQS", "Kafka", "RabbitMQ"])
+Reply = Callable[[list[dict[str, Any]]], str]  # a member's messages -> its reply text
+
+
+def chat(text: str) -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "id": "chatcmpl-1",
+            "model": "m",
+            "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        },
+    )
+
+
+class Panel:
+    """Members by model name, each replying as its function says; every body sent is kept."""
+
+    def __init__(self, replies: dict[str, Reply]) -> None:
+        self.replies = replies
+        self.sent: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.sent.append(body)
+        return chat(self.replies[body["model"]](body["messages"]))
+
+    def bodies_of(self, model: str) -> list[dict[str, Any]]:
+        return [b for b in self.sent if b["model"] == model]
+
+
+def says(value: Any) -> Reply:
+    return lambda _messages: json.dumps(value)
+
+
+def reprompted(messages: list[dict[str, Any]]) -> bool:
+    return "was not a valid answer" in str(messages[-1]["content"])
+
+
+@pytest.fixture
+def council(make_config: Callable[..., Config]) -> Callable[[Panel], Any]:
+    def open_for(panel: Panel) -> Any:
+        providers = {
+            name: {"kind": "openai", "model": name, "base_url": "https://api.openai.com/v1", "api_key_env": "K"}
+            for name in panel.replies
+        }
+        config = make_config(providers, env={"K": "sk-test"})
+        return conclave.Conclave(config, transport=MemoryTransport(panel))
+
+    return open_for
+
+
+async def test_each_member_is_held_to_the_schema_and_the_vote_names_the_dissent(
+    council: Callable[[Panel], Any], events_path: Path
+) -> None:
+    panel = Panel(
+        {
+            "a": says({"choice": "SQS", "reason": "managed"}),
+            "b": says({"choice": "sqs", "reason": "cheap"}),  # not one of the enum: asked again
+            "c": says({"choice": "Kafka", "reason": "replay"}),
+        }
+    )
+    panel.replies["b"] = lambda m: json.dumps(
+        {"choice": "SQS" if reprompted(m) else "sqs", "reason": "cheap"}
+    )
+    async with council(panel) as client:
+        result = await client.confer("Which queue?", answer_schema=CHOICES)
+    out = result.to_dict()
+
+    first = panel.bodies_of("a")[0]
+    assert first["response_format"]["json_schema"]["schema"] == CHOICES, "held to it on the wire"
+    assert first["response_format"]["json_schema"]["strict"] is True
+    assert '"enum"' in first["messages"][-1]["content"], "and told it in the prompt"
+
+    retry = panel.bodies_of("b")[1]["messages"]
+    assert retry[-2] == {"role": "assistant", "content": '{"choice": "sqs", "reason": "cheap"}'}
+    assert "'sqs' is not one of" in retry[-1]["content"], "the validator's error goes back"
+
+    assert [a["value"]["choice"] for a in out["answers"]] == ["SQS", "SQS", "Kafka"]
+    assert out["answers"][1]["usage"]["total_tokens"] == 30, "both attempts are paid for"
+    choice = out["vote"]["fields"][0]
+    assert (choice["field"], choice["winner"], choice["votes"], choice["of"]) == ("choice", "SQS", 2, 3)
+    assert choice["dissent"] == [{"provider": "c", "value": "Kafka"}]
+    assert out["vote"]["consensus"] == {"choice": "SQS"} and out["vote"]["reason"] is None
+    assert not out["degraded"]
+
+    events = read_events(events_path)
+    invalid = [e for e in events if e["event"] == "answer_invalid"]
+    assert [(e["provider"], e["attempt"]) for e in invalid] == [("b", 1)]
+    (vote,) = [e for e in events if e["event"] == "vote"]
+    assert vote["consensus"] is True and vote["fields"][0]["votes"] == 2
+    assert "SQS" not in json.dumps(vote), "the log keeps the counts, not the values"
+
+
+async def test_a_member_invalid_twice_is_invalid_answer_and_not_counted(
+    council: Callable[[Panel], Any], events_path: Path
+) -> None:
+    panel = Panel(
+        {
+            "a": says({"choice": "SQS", "reason": "managed"}),
+            "b": lambda _m: "I would pick SQS, honestly.",
+            "c": says({"choice": "Kafka", "reason": "replay"}),
+        }
+    )
+    async with council(panel) as client:
+        out = (await client.confer("Which queue?", answer_schema=CHOICES)).to_dict()
+
+    b = out["answers"][1]
+    assert (b["status"], b["error"]["code"], b["value"]) == ("invalid_answer", "invalid_answer", None)
+    assert b["text"] == "I would pick SQS, honestly.", "the raw reply is kept"
+    assert len(panel.bodies_of("b")) == 2, "asked once more, never a third time"
+    assert out["degraded"] and {"provider": "b", "role": None, "status": "invalid_answer",
+                                "code": "invalid_answer"} in out["degraded_reasons"]
+    assert out["vote"]["not_counted"] == ["b"]
+    assert out["vote"]["consensus"] is None
+    assert out["vote"]["reason"] == "no strict majority on 'choice': 1 of 2 (a tie)"
+    finals = [e for e in read_events(events_path) if e["event"] == "answer_invalid" and e.get("final")]
+    assert [e["provider"] for e in finals] == ["b"]
+
+
+async def test_a_plain_confer_sends_no_schema_and_has_no_vote(council: Callable[[Panel], Any]) -> None:
+    panel = Panel({"a": lambda _m: "SQS.", "b": lambda _m: "Kafka."})
+    async with council(panel) as client:
+        out = (await client.confer("Which queue?")).to_dict()
+    assert all("response_format" not in body for body in panel.sent)
+    assert "vote" not in out and all("value" not in a for a in out["answers"])
+
+
+async def test_numbers_agree_within_the_tolerance(council: Callable[[Panel], Any]) -> None:
+    number = {
+        "type": "object",
+        "properties": {"value": {"type": "number"}, "reason": {"type": "string"}},
+        "required": ["value", "reason"],
+        "additionalProperties": False,
+    }
+    panel = Panel({"a": says({"value": 100, "reason": "x"}), "b": says({"value": 104, "reason": "y"})})
+    async with council(panel) as client:
+        exact = (await client.confer("How many?", answer_schema=number)).to_dict()["vote"]
+        close = (await client.confer("How many?", answer_schema=number, tolerance=0.05)).to_dict()["vote"]
+    assert exact["consensus"] is None
+    assert close["consensus"] == {"value": 100} and close["fields"][0]["unanimous"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "path", "words"),
+    [
+        ({"answer_schema": {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}},
+         "$.answer_schema.properties.x", "pattern"),
+        ({"answer_schema": {"type": "array"}}, "$.answer_schema", "object"),
+        ({"tolerance": 0.1}, "$.tolerance", "needs answer_schema"),
+        ({"vote_fields": ["reason"]}, "$.vote_fields", "needs answer_schema"),
+    ],
+)
+async def test_the_door_refuses_what_the_schema_may_not_hold(
+    council: Callable[[Panel], Any], arguments: dict[str, Any], path: str, words: str
+) -> None:
+    panel = Panel({"a": says({})})
+    async with council(panel) as client:
+        with pytest.raises(conclave.InvalidArguments) as info:
+            await client.confer("Which?", **arguments)
+    assert info.value.path == path and words in info.value.message
+    assert panel.sent == [], "refused before any call"
