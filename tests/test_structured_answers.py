@@ -185,3 +185,25 @@ async def test_the_door_refuses_what_the_schema_may_not_hold(
             await client.confer("Which?", **arguments)
     assert info.value.path == path and words in info.value.message
     assert panel.sent == [], "refused before any call"
+
+
+async def test_an_entry_without_structured_output_gets_the_schema_in_the_prompt_alone(
+    make_config: Callable[..., Config],
+) -> None:
+    """A server that speaks the wire but not its JSON Schema field (DeepSeek: json_object only)."""
+    panel = Panel({"a": says({"choice": "SQS", "reason": "managed"})})
+    entry = {"kind": "openai", "model": "a", "base_url": "https://api.deepseek.com", "api_key_env": None}
+    config = make_config({"a": {**entry, "structured_output": False}})
+    async with conclave.Conclave(config, transport=MemoryTransport(panel)) as client:
+        out = (await client.confer("Which queue?", answer_schema=CHOICES)).to_dict()
+    (body,) = panel.sent
+    assert "response_format" not in body and '"enum"' in body["messages"][-1]["content"]
+    assert out["answers"][0]["value"] == {"choice": "SQS", "reason": "managed"}
+
+
+def test_the_presets_that_take_no_json_schema_say_so() -> None:
+    from conclave.schema.config import load_config
+
+    config = load_config(None, env={}, dotenv=None)
+    without = sorted(name for name, p in config.providers.items() if not p.structured_output)
+    assert without == ["deepseek", "groq", "openrouter"]

@@ -85,7 +85,7 @@ class AnthropicAdapter:
             if request.tool_choice == "none":
                 # Keeps the declarations (the history's tool_use blocks need them) but forbids calls.
                 body["tool_choice"] = {"type": "none"}
-        if request.answer_schema is not None and KIND.structured_output:
+        if request.answer_schema is not None and KIND.structured_output and entry.structured_output:
             # The GA shape: no beta header (the beta's top-level `output_format` needed one).
             body["output_config"] = {
                 "format": {"type": "json_schema", "schema": _output_schema(request.answer_schema)}

@@ -132,7 +132,7 @@ KIND = KindSpec(
 def _json_answer(request: CompletionRequest, entry: ProviderConfig) -> bool:
     """Whether the answer schema goes on the wire: the kind takes one, except in a request that
     declares functions to a model before Gemini 3 (the prompt still asks for the JSON)."""
-    return KIND.structured_output and not (
+    return KIND.structured_output and entry.structured_output and not (
         request.tools and _NO_JSON_WITH_TOOLS.match(bare_model(entry.model))
     )
 

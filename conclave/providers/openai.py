@@ -100,7 +100,7 @@ class OpenAIAdapter:
             # entry says its API takes the field: compatible servers may refuse one they do not
             # know, and a host name says nothing about what a proxy in front of it accepts.
             body["prompt_cache_key"] = request.cache_key
-        if request.answer_schema is not None and KIND.structured_output:
+        if request.answer_schema is not None and KIND.structured_output and entry.structured_output:
             body["response_format"] = _response_format(request.answer_schema, request.answer_schema_name)
         return body
 

@@ -52,6 +52,10 @@ class ProviderConfig:
     # openai kind: the API takes `prompt_cache_key` (OpenAI's own does); servers that do not
     # know the field may refuse the request, so it is never inferred from the host.
     prompt_cache_key: bool = False
+    # The API holds an answer to a JSON Schema (docs/providers.md#structured-output) where its
+    # kind can; false for a server that takes the kind's wire but not that field: the schema then
+    # goes in the prompt alone.
+    structured_output: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,6 +585,7 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         max_tokens_field=entry.get("max_tokens_field"),
         tool_mode=entry.get("tool_mode"),
         prompt_cache_key=bool(entry.get("prompt_cache_key")),
+        structured_output=entry.get("structured_output", True),
     )
 
 
