@@ -66,7 +66,12 @@ def reprompted(messages: list[dict[str, Any]]) -> bool:
 def council(make_config: Callable[..., Config]) -> Callable[[Panel], Any]:
     def open_for(panel: Panel) -> Any:
         providers = {
-            name: {"kind": "openai", "model": name, "base_url": "https://api.openai.com/v1", "api_key_env": "K"}
+            name: {
+                "kind": "openai",
+                "model": name,
+                "base_url": "https://api.openai.com/v1",
+                "api_key_env": "K",
+            }
             for name in panel.replies
         }
         config = make_config(providers, env={"K": "sk-test"})
@@ -134,8 +139,11 @@ async def test_a_member_invalid_twice_is_invalid_answer_and_not_counted(
     assert (b["status"], b["error"]["code"], b["value"]) == ("invalid_answer", "invalid_answer", None)
     assert b["text"] == "I would pick SQS, honestly.", "the raw reply is kept"
     assert len(panel.bodies_of("b")) == 2, "asked once more, never a third time"
-    assert out["degraded"] and {"provider": "b", "role": None, "status": "invalid_answer",
-                                "code": "invalid_answer"} in out["degraded_reasons"]
+    assert (
+        out["degraded"]
+        and {"provider": "b", "role": None, "status": "invalid_answer", "code": "invalid_answer"}
+        in out["degraded_reasons"]
+    )
     assert out["vote"]["not_counted"] == ["b"]
     assert out["vote"]["consensus"] is None
     assert out["vote"]["reason"] == "no strict majority on 'choice': 1 of 2 (a tie)"
@@ -169,8 +177,11 @@ async def test_numbers_agree_within_the_tolerance(council: Callable[[Panel], Any
 @pytest.mark.parametrize(
     ("arguments", "path", "words"),
     [
-        ({"answer_schema": {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}},
-         "$.answer_schema.properties.x", "pattern"),
+        (
+            {"answer_schema": {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}},
+            "$.answer_schema.properties.x",
+            "pattern",
+        ),
         ({"answer_schema": {"type": "array"}}, "$.answer_schema", "object"),
         ({"tolerance": 0.1}, "$.tolerance", "needs answer_schema"),
         ({"vote_fields": ["reason"]}, "$.vote_fields", "needs answer_schema"),
@@ -207,3 +218,55 @@ def test_the_presets_that_take_no_json_schema_say_so() -> None:
     config = load_config(None, env={}, dotenv=None)
     without = sorted(name for name, p in config.providers.items() if not p.structured_output)
     assert without == ["deepseek", "groq", "openrouter"]
+
+
+# ---------------------------------------------------------------- role envelopes, held natively
+
+PROPOSAL = {"proposal": "SQS.", "rationale": "Managed.", "confidence": 0.7}
+ACCEPT = {"verdict": "accept", "issues": []}
+FINAL = {"answer": "SQS.", "confidence": 0.8}
+
+
+def role_reply(messages: list[dict[str, Any]]) -> str:
+    """Answers whichever role the system prompt names, with a valid envelope."""
+    system = str(messages[0]["content"])
+    if "Review this proposal" in str(messages[-1]["content"]):
+        return json.dumps(ACCEPT)
+    if "synthesizer" in system and "final answer" in str(messages[-1]["content"]).lower():
+        return json.dumps(FINAL)
+    return json.dumps(PROPOSAL)
+
+
+async def test_role_turns_are_held_to_their_envelope_schema_on_the_wire(
+    council: Callable[[Panel], Any],
+) -> None:
+    panel = Panel({"a": role_reply, "b": role_reply, "c": role_reply})
+    async with council(panel) as client:
+        result = (await client.coordinate("Pick a queue.")).to_dict()
+    assert result["proposal"]["envelope"] == PROPOSAL
+    schemas = {b["response_format"]["json_schema"]["schema"]["required"][0] for b in panel.sent}
+    assert {"proposal", "verdict", "answer"} <= schemas, "each role its own envelope"
+    proposer = next(
+        b for b in panel.sent if "proposal" in b["response_format"]["json_schema"]["schema"]["required"]
+    )
+    wire = proposer["response_format"]["json_schema"]["schema"]
+    assert "minLength" not in json.dumps(wire), "cut down to the portable subset"
+
+
+async def test_a_reviewer_is_held_to_its_own_labels(council: Callable[[Panel], Any]) -> None:
+    def reviewer_or_member(messages: list[dict[str, Any]]) -> str:
+        asked = str(messages[-1]["content"])
+        if "Response A" not in asked:
+            return "An answer."
+        labels = sorted({f"Response {c}" for c in "AB" if f"Response {c}" in asked})
+        return json.dumps({"ranking": labels, "notes": dict.fromkeys(labels, "fine"), "confidence": 0.5})
+
+    panel = Panel({"a": reviewer_or_member, "b": reviewer_or_member, "c": reviewer_or_member})
+    async with council(panel) as client:
+        result = (await client.confer("Which queue?", review=True)).to_dict()
+    reviews = [b for b in panel.sent if "response_format" in b]
+    assert len(reviews) == 3 and len(result["review"]["rankings"]) == 3
+    wire = reviews[0]["response_format"]["json_schema"]
+    assert wire["strict"] is True
+    assert wire["schema"]["properties"]["ranking"]["items"]["enum"] == ["Response A", "Response B"]
+    assert wire["schema"]["properties"]["notes"]["required"] == ["Response A", "Response B"]

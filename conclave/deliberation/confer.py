@@ -358,6 +358,7 @@ class _Review:
             1,
             tools=self.session.tools.accepted,
             check=lambda envelope: review.ranking_problem(envelope, labels),
+            schema=review.wire_schema(labels),
         )
         ranking = review.read_back(reviewer, turn.envelope, seating) if turn.envelope is not None else None
         if ranking is not None:

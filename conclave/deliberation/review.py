@@ -24,6 +24,29 @@ def shuffled(session_id: str, seat: str, providers: Sequence[str]) -> list[tuple
     return list(zip(LABELS, order, strict=False))
 
 
+def wire_schema(labels: Sequence[str]) -> dict[str, Any]:
+    """The reviewer envelope for one reviewer's labels, exactly: every label ranked once, a note
+    for each, in the portable subset (so a provider can hold the reply to it natively, strictly
+    where it can; the reply is still checked against the reviewer schema and `ranking_problem`)."""
+    label = {"type": "string", "enum": list(labels)}
+    note = {"type": "string", "description": "what makes this answer better or worse than the others"}
+    return {
+        "type": "object",
+        "properties": {
+            "ranking": {"type": "array", "items": label, "minItems": len(labels), "maxItems": len(labels)},
+            "notes": {
+                "type": "object",
+                "properties": dict.fromkeys(labels, note),
+                "required": list(labels),
+                "additionalProperties": False,
+            },
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+        "required": ["ranking", "notes", "confidence"],
+        "additionalProperties": False,
+    }
+
+
 def ranking_problem(envelope: Mapping[str, Any], labels: Sequence[str]) -> str | None:
     """Why a reviewer envelope's ranking is not the labels it was shown, each exactly once."""
     ranking, shown = list(envelope.get("ranking") or ()), set(labels)

@@ -22,6 +22,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Literal, get_args
 
+from conclave.schema.answer_schema import portable
 from conclave.schema.jsonshape import a_json_type
 from conclave.schema.schemas import first_error, json_path, load_schema
 from conclave.schema.strictjson import StrictJSONError, strict_decoder
@@ -203,6 +204,13 @@ def chair_prompt(answers: Sequence[tuple[str, str]], aggregate: Sequence[Mapping
         answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
         ranking=ranking,
     )
+
+
+@cache
+def role_wire_schema(role: Role) -> Mapping[str, Any] | None:
+    """The role's envelope schema in the portable subset, for a provider to hold the reply to
+    natively (None when it cannot be cut down faithfully, as the reviewer's map of notes)."""
+    return portable(load_schema(_schema_name(role)))
 
 
 def answer_instruction(schema: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from conclave.deliberation.roles import (
     member_system,
     parse_envelope,
     reprompt,
+    role_wire_schema,
     turn_system,
 )
 from conclave.deliberation.session import Session
@@ -65,14 +66,18 @@ class RoleTurns:
         *,
         tools: tuple[str, ...] = (),
         check: EnvelopeCheck | None = None,
+        schema: Mapping[str, Any] | None = None,
     ) -> RoleAnswer:
-        """`name`'s turn as `role`: its envelope, or why there is none."""
+        """`name`'s turn as `role`: its envelope, or why there is none. The provider holds the
+        reply to the envelope's schema natively where it can (`schema`: one narrower than the
+        role's, e.g. a reviewer's own labels), so a re-prompt is rare."""
         messages = (Message("user", prompt),)
-        first = await self._turn(role, name, messages, tools)
+        schema = schema if schema is not None else role_wire_schema(role)
+        first = await self._turn(role, name, messages, tools, schema)
         asked = first.error_code != "unknown_provider"
         answer = RoleAnswer(**_fields(first), role=role, round=number, attempts=1 if asked else 0)
         if first.ok:
-            answer = await self._envelope_of(answer, messages, check)
+            answer = await self._envelope_of(answer, messages, check, schema)
         self.answers.append(answer)
         if self.session.progress is not None:
             await self.session.progress(self._step(answer))
@@ -149,7 +154,11 @@ class RoleTurns:
         }
 
     async def _envelope_of(
-        self, first: RoleAnswer, messages: tuple[Message, ...], check: EnvelopeCheck | None
+        self,
+        first: RoleAnswer,
+        messages: tuple[Message, ...],
+        check: EnvelopeCheck | None,
+        schema: Mapping[str, Any] | None,
     ) -> RoleAnswer:
         """The envelope in the first reply, or in the reply to one re-prompt with the errors."""
         role = first.role
@@ -163,7 +172,7 @@ class RoleTurns:
             Message("assistant", echoed),
             Message("user", reprompt(role, error or "invalid envelope")),
         )
-        second = _merged(first, await self._turn(role, first.provider, retry, ()))
+        second = _merged(first, await self._turn(role, first.provider, retry, (), schema))
         if not second.ok:
             return second
         envelope, error = _parsed(role, second.text or "", check)
@@ -176,16 +185,23 @@ class RoleTurns:
         )
 
     async def _turn(
-        self, role: Role, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]
-    ) -> Answer:
-        return await self._send(name, messages, turn_system(self.shared, role), tools, role)
-
-    async def _send(
-        self, name: str, messages: tuple[Message, ...], system: str, tools: tuple[str, ...], role: Role | None
+        self,
+        role: Role,
+        name: str,
+        messages: tuple[Message, ...],
+        tools: tuple[str, ...],
+        schema: Mapping[str, Any] | None,
     ) -> Answer:
         marked = self.marks(name, tools)
         return await self.session.ask(
-            name, messages, system=system, tools=tools, role=role, shared=len(self.shared), marked=marked
+            name,
+            messages,
+            system=turn_system(self.shared, role),
+            tools=tools,
+            role=role,
+            shared=len(self.shared),
+            marked=marked,
+            answer_schema=schema,
         )
 
     def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:

@@ -1,14 +1,18 @@
 """The structured answer a caller asks `confer` for: its JSON Schema, checked at the door.
 
 A caller who wants a decision gives an `answer_schema`: a JSON Schema whose root is an object,
-at most 16 KiB as compact JSON, written in the portable subset that every provider's structured
-output accepts (PORTABLE_KEYWORDS). `check_answer_schema` refuses anything else with
+at most 16 KiB as compact JSON, written in the portable subset (PORTABLE_KEYWORDS): what the
+providers' structured outputs take, Anthropic's after its adapter closes every object and moves
+numeric and item-count bounds into descriptions (docs/providers.md#structured-output). `check_answer_schema` refuses anything else with
 InvalidArguments (-32602 over MCP), naming the keyword or the problem and the JSON path of the
 schema that holds it. The CLI's shorthands build their schemas here (`choices_schema`,
 `number_schema`); each member's reply is checked with `answer_errors`, whose short messages are
 what the member is shown when it is asked once more.
 
-Beyond the keyword list, a checked schema is one every provider takes as written:
+`portable` cuts a wider schema (a role's envelope) down to the subset, for a provider to hold a
+reply to it natively while the reply is still checked against the whole schema.
+
+Beyond the keyword list, a checked schema is one every provider takes:
 - one `type` per schema, a name, never a list (providers differ on union types);
 - a keyword that applies to one type (`properties`, `required`, `additionalProperties` to
   object; `items`, `minItems`, `maxItems` to array; `minimum`, `maximum` to number and
@@ -285,6 +289,35 @@ def _meta_check(schema: dict[str, Any], path: str, tool: str) -> None:
 
 
 # ------------------------------------------------------------------ what strict mode takes
+
+
+def portable(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`schema` cut down to the portable subset, for a provider to hold a reply to natively
+    (a role's envelope): the keywords outside it are dropped, and the reply is still checked
+    against the whole schema. None when dropping them would change which objects fit rather
+    than only loosen a bound: an object used as a map (`additionalProperties` a schema, or
+    `propertyNames`), or a list of types."""
+    if "propertyNames" in schema or isinstance(schema.get("additionalProperties"), Mapping):
+        return None
+    if isinstance(schema.get("type"), list):
+        return None
+    out: dict[str, Any] = {}
+    for keyword, value in schema.items():
+        if keyword not in PORTABLE_KEYWORDS or (keyword == "additionalProperties" and value is not False):
+            continue
+        if keyword == "properties":
+            kept = {name: portable(sub) for name, sub in value.items()}
+            if any(sub is None for sub in kept.values()):
+                return None
+            out[keyword] = kept
+        elif keyword == "items":
+            item = portable(value) if isinstance(value, Mapping) else None
+            if item is None:
+                return None
+            out[keyword] = item
+        else:
+            out[keyword] = value
+    return out
 
 
 def strict_compatible(schema: Mapping[str, Any]) -> bool:
