@@ -10,12 +10,21 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from conclave.app.demo import _revision_problems, conclave_command, demo_config, problems, run_demo
+from conclave.app.demo import (
+    VOTES,
+    _revision_problems,
+    conclave_command,
+    demo_config,
+    problems,
+    run_demo,
+    vote_problems,
+)
 from conclave.app.sim import SimPanel
 from conclave.schema.config import load_config
 from conclave.schema.schemas import first_error
@@ -68,9 +77,71 @@ def test_the_demo_shows_both_calls_with_their_tool_use(
     assert "═══ Review · 3 reviewers" in out and "1. sim-gemini  1.00" in out, "the blind review, by name"
     assert "The Exampleville lighthouse is 47 metres tall (its own page says so)" in out, "the chair"
     totals = [line for line in out.splitlines() if line.startswith("totals:")]
-    assert len(totals) == 2 and "cached)" in totals[1], "the debate reads its task from a prompt cache"
+    assert len(totals) == 3 and "cached)" in totals[1], "the debate reads its task from a prompt cache"
     assert "═══ Synthesis" in out and "Use LRU eviction capped at 10,000 entries" in out
     assert "DEGRADED" not in out
+
+
+def test_the_demos_vote_shows_each_choice_the_consensus_and_the_dissent(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, result = demo
+    out = result.stdout
+    voted = out[out.index("3/3  confer --choices SQS,Kafka,RabbitMQ") : out.index("telemetry:")]
+    assert re.search(r"confer · session demo-vote-\S+\ncomplete: every answer arrived", voted), voted[:600]
+    for member, choice in (("sim-openai", "SQS"), ("sim-anthropic", "SQS"), ("sim-gemini", "Kafka")):
+        block = voted[voted.index(f"━━ {member}") :]
+        assert block.splitlines()[1] == f"  choice: {choice}", "each answer's fields, not its JSON text"
+    assert "═══ Vote · consensus: choice = SQS" in voted
+    assert "  choice  SQS · 2 of 3 · sim-gemini: Kafka" in voted, "the winner, its votes, the dissent"
+    assert "not counted" not in voted and "totals: 3 answers, 3 ok" in voted
+    events = out[out.index("telemetry:") : out.index("sessions:")]
+    assert re.search(r"\bvote\s+demo-vote-\S+\s+-\s+consensus=True", events), "the vote event, its counts"
+    assert re.search(r"sessions: confer \S+  coordinate \S+  vote demo-vote-\S+", out)
+
+
+def vote_result(choices: dict[str, str], winner: str | None, dissent: list[str]) -> dict[str, Any]:
+    """A confer's result as the vote step would return it, each member choosing as `choices` says."""
+    of = len(choices)
+    consensus = {"choice": winner} if winner is not None and of - len(dissent) > of / 2 else None
+    return {
+        "degraded": False,
+        "answers": [{"provider": p, "value": {**VOTES[p], "choice": c}} for p, c in choices.items()],
+        "vote": {
+            "fields": [
+                {
+                    "field": "choice",
+                    "winner": winner,
+                    "votes": of - len(dissent),
+                    "of": of,
+                    "dissent": [{"provider": p, "value": choices[p]} for p in dissent],
+                }
+            ],
+            "consensus": consensus,
+            "reason": None if consensus else "a tie",
+            "not_counted": [],
+        },
+    }
+
+
+def test_a_vote_not_as_scripted_fails_the_demo() -> None:
+    scripted = {"sim-openai": "SQS", "sim-anthropic": "SQS", "sim-gemini": "Kafka"}
+    assert vote_problems(vote_result(scripted, "SQS", ["sim-gemini"])) == []
+    unanimous = vote_problems(vote_result(dict.fromkeys(scripted, "SQS"), "SQS", []))
+    assert unanimous == [
+        "sim-gemini did not answer {'choice': 'Kafka', 'reason': 'Replayable history is worth having from "
+        "the start.'}: {'choice': 'SQS', 'reason': 'Replayable history is worth having from the start.'}",
+        "the vote on choice is not SQS 2 of 3: ('SQS', 3, 3)",
+        "the vote does not name sim-gemini's dissent for Kafka: []",
+    ]
+    split = {**scripted, "sim-anthropic": "RabbitMQ"}
+    tie = vote_problems(vote_result(split, None, list(split)))
+    assert "the vote has no consensus on SQS: None (a tie)" in tie
+    assert vote_problems({**vote_result(scripted, "SQS", ["sim-gemini"]), "vote": None}) == [
+        "the vote's confer has no vote"
+    ]
+    degraded = {"degraded": True, "degraded_reasons": [{"provider": "sim-gemini"}]}
+    assert vote_problems(degraded) == ["the vote's confer is degraded: [{'provider': 'sim-gemini'}]"]
 
 
 def test_tail_afterwards_shows_that_runs_events(demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -128,6 +199,26 @@ async def test_the_demo_reports_a_failure_when_a_member_breaks(
     assert any("sim-openai did not use fetch" in p for p in found)
 
 
+@pytest.mark.anyio
+async def test_the_demo_reports_a_vote_that_did_not_come_out_as_scripted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conclave.app import demo as demo_module
+    from conclave.app.sim import Reply, Rule
+
+    def all_agree(member: str) -> Rule:
+        return Rule(demo_module.VOTE_QUESTION, Reply(value={**VOTES[member], "choice": "SQS"}))
+
+    monkeypatch.setattr(demo_module, "vote_rule", all_agree)
+    env = {"CONCLAVE_TELEMETRY_PATH": str(tmp_path / "e.ndjson")}
+    base = load_config(None, overrides=[f"transcripts.dir={tmp_path}/t"], env=env, dotenv=None)
+    run = await run_demo(base, latency_ms=0, progress=None)
+    assert run.vote["vote"]["consensus"] == {"choice": "SQS"}, "a consensus, but not the one scripted"
+    found = problems(run)
+    assert "the vote on choice is not SQS 2 of 3: ('SQS', 3, 3)" in found
+    assert "the vote does not name sim-gemini's dissent for Kafka: []" in found
+
+
 def test_the_demo_ends_with_the_conclave_ui_command_that_shows_its_two_sessions(
     demo: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -156,7 +247,7 @@ def test_the_demos_coordinate_shows_a_revision_over_two_rounds(
     demo: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     _, result = demo
-    debate = result.stdout[result.stdout.index("2/2  coordinate") : result.stdout.index("telemetry:")]
+    debate = result.stdout[result.stdout.index("2/3  coordinate") : result.stdout.index("3/3  confer")]
     assert re.search(r"coordinate · session \S+ · 2 rounds · converged", debate), debate[:400]
     first = debate[debate.index("═══ Round 1") : debate.index("═══ Round 2")]
     second = debate[debate.index("═══ Round 2") : debate.index("═══ Synthesis")]

@@ -33,13 +33,14 @@ from conclave.app.ui.markup import Safe, el, escape
 from conclave.app.ui.model import from_events, from_transcript
 from conclave.app.ui.pages import session_body
 from conclave.app.ui.sessions import RECENT, Sessions
+from conclave.schema.answer_schema import choices_schema
 from conclave.schema.config import Config
 from tests.ui_support import IMG, SCRIPT, hostile_session, model, workdir_config
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's two sessions and a hostile one, run for real into one folder."""
+    """The demo's three sessions and a hostile one, run for real into one folder."""
     folder = tmp_path_factory.mktemp("ui")
     base = workdir_config(folder)
     anyio.run(lambda: run_demo(base, latency_ms=0, progress=None))
@@ -52,8 +53,12 @@ def sessions(workdir: Path) -> Sessions:
     return Sessions(workdir / "events.ndjson", workdir / "transcripts")
 
 
-def demo_id(sessions: Sessions, tool: str) -> str:
-    return next(s.session_id for s in sessions.recent() if s.tool == tool and s.session_id.startswith("demo"))
+DEMO_PREFIXES = {"confer": "demo-confer-", "coordinate": "demo-coord-", "vote": "demo-vote-"}
+
+
+def demo_id(sessions: Sessions, which: str) -> str:
+    """One of the demo's sessions: its confer with tools, its coordinate, or its confer that votes."""
+    return next(s.session_id for s in sessions.recent() if s.session_id.startswith(DEMO_PREFIXES[which]))
 
 
 def view_of(sessions: Sessions, session_id: str) -> Safe:
@@ -426,7 +431,7 @@ async def plain_sessions(base: Config) -> None:
     await call(base, "coordinate", debate("revise-1", ["sim-anthropic"]), scripts)
     # sim-gemini never answers in the critic's JSON, sim-anthropic refuses to synthesize (sim-openai
     # stands in), and sim-gemini has no price.
-    garbled = Scenario(rules=(Rule(CRITIC_ASK, Reply(text="Looks fine to me.")),))
+    garbled = Scenario(replies=(Reply(text="Looks fine to me."),))  # asked again too: every call
     refuses = Scenario(rules=(Rule(SYNTHESIZER_ASK, Reply(status=400, error_message="no")),))
     scripts = {"sim-openai": proposer, "sim-gemini": garbled, "sim-anthropic": refuses}
     await call(base, "coordinate", debate("codes-1", ["sim-gemini"]), scripts, unpriced=("sim-gemini",))
@@ -580,3 +585,122 @@ async def test_codes_read_as_words_once_each_with_the_code_kept_small(
     css = await fetch_page(plain_client, "/static/style.css")
     key_rule = re.search(r"\.key \{[^}]*\}", css)
     assert key_rule and "uppercase" not in key_rule[0], "a field's name reads as written, not shouted"
+
+
+# -- structured answers and the vote ------------------------------------------------------------
+
+CHOICES = choices_schema(["SQS", "Kafka", "RabbitMQ"])
+PICK = {  # a free-text field put to the vote (`vote_fields`), so a hostile string can win it
+    "type": "object",
+    "properties": {"pick": {"type": "string"}, "reason": {"type": "string"}},
+    "required": ["pick", "reason"],
+    "additionalProperties": False,
+}
+
+
+def answering(value: Mapping[str, Any]) -> Scenario:
+    return Scenario(replies=(Reply(value=value),))
+
+
+async def voting_sessions(base: Config) -> None:
+    # A tie: one for SQS, one for Kafka, and sim-gemini answers "Redis" (not a choice) twice.
+    split = {
+        "sim-openai": answering({"choice": "SQS", "reason": "managed"}),
+        "sim-anthropic": answering({"choice": "Kafka", "reason": "replay"}),
+        "sim-gemini": answering({"choice": "Redis", "reason": "fast"}),
+    }
+    args = {"question": "Which queue?", "answer_schema": CHOICES, "session_id": "vote-split"}
+    await call(base, "confer", args, split)
+    # Markup in the values: it wins the vote, dissents, and gives a reason; all of it is text.
+    hostile = {
+        "sim-openai": answering({"pick": SCRIPT, "reason": IMG}),
+        "sim-anthropic": answering({"pick": SCRIPT, "reason": "agreed"}),
+        "sim-gemini": answering({"pick": IMG, "reason": "other"}),
+    }
+    args = {
+        "question": "Pick one.",
+        "answer_schema": PICK,
+        "vote_fields": ["pick"],
+        "session_id": "vote-hostile",
+    }
+    await call(base, "confer", args, hostile)
+
+
+@pytest.fixture(scope="module")
+def voting(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
+    folder = tmp_path_factory.mktemp("ui-vote")
+    anyio.run(voting_sessions, workdir_config(folder))
+    return Sessions(folder / "events.ndjson", folder / "transcripts")
+
+
+def section_of(page: str, heading: str) -> str:
+    found = re.search(rf"<section><h2>{re.escape(heading)}.*?</section>", page, re.S)
+    assert found, f"no section {heading!r}"
+    return found[0]
+
+
+def heading_of(section: str) -> str:
+    found = re.search(r"<h2>.*?</h2>", section, re.S)
+    assert found, "no heading"
+    return shown(found[0])
+
+
+def vote_rows(page: str) -> dict[str, str]:
+    """Each voted field's row of the vote table, as a reader sees it."""
+    return {f: shown(row) for f, row in re.findall(r'<tr data-field="([^"]*)">(.*?)</tr>', page, re.S)}
+
+
+def test_the_demos_vote_is_a_table_under_its_consensus_with_the_dissent_named(sessions: Sessions) -> None:
+    session_id = demo_id(sessions, "vote")
+    summary = sessions.summary(session_id)
+    assert summary is not None
+    view = from_transcript(summary, sessions.transcript(session_id) or {})
+    assert view.vote is not None and view.vote.consensus == {"choice": "SQS"} and view.vote.reason is None
+    (choice,) = view.vote.fields
+    assert (choice.field, choice.winner, choice.won, choice.votes, choice.of) == ("choice", "SQS", True, 2, 3)
+    assert [(d.provider, d.value) for d in choice.dissent] == [("sim-gemini", "Kafka")]
+    assert {a.provider: (a.value or {}).get("choice") for a in view.answers} == {
+        "sim-openai": "SQS",
+        "sim-anthropic": "SQS",
+        "sim-gemini": "Kafka",
+    }
+    page = view_of(sessions, session_id)
+    vote = section_of(page, "Vote")
+    assert heading_of(vote) == "Vote · consensus: choice = SQS"
+    assert vote_rows(vote) == {"choice": "choice SQS 2 of 3 67% no sim-gemini : Kafka"}
+    assert "Not counted" not in vote, "every answer was valid"
+    answers = section_of(page, "Answers")
+    assert "choice SQS reason Managed: no brokers" in shown(answers), "each answer's fields, by name"
+    assert "&quot;choice&quot;" not in answers, "not the answer's JSON text"
+    assert page.index("<h2>Answers") < page.index("<h2>Vote"), "the vote follows the answers it counts"
+
+
+def test_a_vote_without_a_consensus_says_why_and_names_whom_it_did_not_count(voting: Sessions) -> None:
+    page = view_of(voting, "vote-split")
+    vote = section_of(page, "Vote")
+    heading = heading_of(vote)
+    assert heading == "Vote · no consensus: no strict majority on 'choice': 1 of 2 (a tie)"
+    assert vote_rows(vote) == {"choice": "choice a tie 1 of 2 50% no sim-openai : SQS sim-anthropic : Kafka"}
+    assert "Not counted (no answer valid against the schema): sim-gemini" in shown(vote)
+    card = re.search(r'<article class="card bad">.*?</article>', page, re.S)
+    assert card and "sim-gemini" in card[0]
+    said = shown(card[0])
+    assert '<span class="badge bad" title="invalid_answer">invalid answer</span>' in card[0]
+    assert "gave no answer valid against the answer schema, even when asked again" in said
+    assert "'Redis' is not one of" in said, "the validator's own words, escaped"
+    assert 'not valid against the answer schema (so not counted in the vote): {"choice":"Redis"' in said
+    assert "Degraded" in page and "sim-gemini: gave no answer valid against the answer schema" in shown(page)
+
+
+def test_markup_in_a_structured_answer_or_the_vote_is_text(voting: Sessions) -> None:
+    page = view_of(voting, "vote-hostile")
+    vote = section_of(page, "Vote")
+    assert heading_of(vote) == f"Vote · consensus: pick = {SCRIPT}"
+    assert vote_rows(vote) == {"pick": f"pick {SCRIPT} 2 of 3 67% no sim-gemini : {IMG}"}
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in vote
+    assert "&lt;img src=&quot;x&quot; onerror=&quot;window.__pwned=2&quot;&gt;" in vote
+    answers = section_of(page, "Answers")
+    assert f"reason {IMG}" in shown(answers)
+    for markup in (page, vote, answers):
+        assert "<script" not in markup and "<img" not in markup
+        assert not re.search(r"<[^>]*\sonerror=", markup), "no tag carries a handler"

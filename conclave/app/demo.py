@@ -1,5 +1,6 @@
-"""`conclave demo`: `confer` and `coordinate` with worker tools, end to end, against the built-in
-SIMULATED panel, so a new user sees the whole thing work with no API key and no network.
+"""`conclave demo`: `confer` and `coordinate` with worker tools, then a `confer` whose members give
+structured answers and vote, end to end, against the built-in SIMULATED panel, so a new user sees
+the whole thing work with no API key and no network.
 
 Everything real runs: the provider adapters over loopback HTTP, the worker tool loop, the SSRF-guarded
 `fetch` (reaching a tiny local page, allowed through `fetch.allow_private`), `verify`, role envelopes,
@@ -31,6 +32,7 @@ from conclave.app.sim.page import page_server
 from conclave.app.sim.simulated import SIMULATED_MEMBERS, allow_local_page, simulated_config
 from conclave.app.tail import Filters, backlog, format_event
 from conclave.deliberation import review
+from conclave.schema.answer_schema import choices_schema
 from conclave.schema.config import Config, ProviderConfig, RolesConfig
 
 FETCHER, CHECKER, TAGGER = "sim-openai", "sim-anthropic", "sim-gemini"  # their confer parts
@@ -74,6 +76,20 @@ REVISION_ASK = "Revise your proposal in the light of these critiques"  # propose
 SECOND_ROUND = "Review round 2."  # what critic.user.txt says in round 2
 SYNTHESIZER_ASK = "Write the final answer to the task"
 REVISED_BYTES = 25_600_000  # the revised budget: 10,000 entries of 2 KiB plus 512 bytes of overhead
+
+# The vote: a confer with `--choices`, each member answering {choice, reason}; two pick the same
+# queue and the third dissents, so the vote has a consensus and names the dissent.
+VOTE_QUESTION = "Which message queue should a three-person team start with for its background jobs?"
+VOTE_CHOICES = ("SQS", "Kafka", "RabbitMQ")
+VOTE_WINNER, VOTE_DISSENT = "SQS", "Kafka"
+VOTES = {
+    FETCHER: {"choice": VOTE_WINNER, "reason": "Managed: no brokers for three people to run or patch."},
+    CHECKER: {
+        "choice": VOTE_WINNER,
+        "reason": "Cheapest to operate at this size, and enough for background jobs.",
+    },
+    TAGGER: {"choice": VOTE_DISSENT, "reason": "Replayable history is worth having from the start."},
+}
 
 COORDINATE_TASK = (
     "Choose an eviction policy for an in-process cache of up to 10,000 API responses "
@@ -216,7 +232,13 @@ def script_panel(panel: SimPanel, page_url: str, confer_session: str) -> None:
     ):
         review = Rule(REVIEW_ASK, _reply(reviewer_envelope(confer_session, member)))
         rules = (review, *scenario.rules) if member != CHECKER else (review, CHAIR, *scenario.rules)
-        panel.set_scenario(_model(member), dataclasses.replace(scenario, rules=rules))
+        panel.set_scenario(_model(member), dataclasses.replace(scenario, rules=(vote_rule(member), *rules)))
+
+
+def vote_rule(member: str) -> Rule:
+    """`member`'s structured answer to the vote's question: its `VOTES` object, sent as the reply
+    to the request for structured output."""
+    return Rule(VOTE_QUESTION, Reply(value=VOTES[member]))
 
 
 def reviewer_envelope(session_id: str, reviewer: str) -> dict[str, Any]:
@@ -248,14 +270,21 @@ class DemoRun:
     page_url: str
     confer: dict[str, Any]
     coordinate: dict[str, Any]
+    vote: dict[str, Any]
 
     @property
     def sessions(self) -> tuple[str, str]:
+        """The confer with tools and the coordinate."""
         return self.confer["session_id"], self.coordinate["session_id"]
+
+    @property
+    def all_sessions(self) -> tuple[str, str, str]:
+        """Those two, and the confer that voted."""
+        return (*self.sessions, self.vote["session_id"])
 
 
 async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) -> DemoRun:
-    """Both calls through the real stack; `progress` (a terminal) shows them live."""
+    """The three calls through the real stack; `progress` (a terminal) shows them live."""
     tag = uuid.uuid4().hex[:6]  # short: `tail` shows session ids of up to 20 characters whole
     async with SimPanel(latency_ms=latency_ms, caching=True) as panel, page_server() as page_port:
         page_url = f"http://127.0.0.1:{page_port}/lighthouse"
@@ -265,7 +294,8 @@ async def run_demo(base: Config, *, latency_ms: float, progress: TextIO | None) 
             confer_args = _confer_args(page_url, f"demo-confer-{tag}")
             conferred = await _call(runtime, "confer", confer_args, progress)
             debated = await _call(runtime, "coordinate", _coordinate_args(f"demo-coord-{tag}"), progress)
-    return DemoRun(config, page_url, conferred, debated)
+            voted = await _call(runtime, "confer", _vote_args(f"demo-vote-{tag}"), progress)
+    return DemoRun(config, page_url, conferred, debated, voted)
 
 
 def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
@@ -276,6 +306,16 @@ def _confer_args(page_url: str, session_id: str) -> dict[str, Any]:
         "session_id": session_id,
         "review": True,
         "synthesize": True,
+    }
+
+
+def _vote_args(session_id: str) -> dict[str, Any]:
+    """`conclave confer --choices SQS,Kafka,RabbitMQ`: no tools, no review, no synthesis; the
+    vote over the answers is the point."""
+    return {
+        "question": VOTE_QUESTION,
+        "answer_schema": choices_schema(VOTE_CHOICES),
+        "session_id": session_id,
     }
 
 
@@ -338,6 +378,35 @@ def problems(run: DemoRun) -> list[str]:
         found.append("confer has no synthesis")
     if not (run.coordinate.get("usage") or {}).get("cached_input_tokens"):
         found.append("coordinate read nothing from a prompt cache")
+    return found + vote_problems(run.vote)
+
+
+def vote_problems(voted: Mapping[str, Any]) -> list[str]:
+    """The vote came out as scripted: every member's answer valid and as it gave it, `choice`
+    won by VOTE_WINNER 2 of 3 with TAGGER the one dissent, and the consensus says so."""
+    if voted.get("degraded"):
+        return [f"the vote's confer is degraded: {voted.get('degraded_reasons')}"]
+    given = {a.get("provider"): a.get("value") for a in voted.get("answers") or []}
+    found = [
+        f"{who} did not answer {meant}: {given.get(who)}"
+        for who, meant in VOTES.items()
+        if given.get(who) != meant
+    ]
+    vote = voted.get("vote")
+    if not isinstance(vote, dict):
+        return [*found, "the vote's confer has no vote"]
+    if vote.get("consensus") != {"choice": VOTE_WINNER}:
+        found.append(
+            f"the vote has no consensus on {VOTE_WINNER}: {vote.get('consensus')} ({vote.get('reason')})"
+        )
+    choice: Mapping[str, Any] = next((f for f in vote.get("fields") or [] if f.get("field") == "choice"), {})
+    counted = (choice.get("winner"), choice.get("votes"), choice.get("of"))
+    if counted != (VOTE_WINNER, 2, 3):
+        found.append(f"the vote on choice is not {VOTE_WINNER} 2 of 3: {counted}")
+    if choice.get("dissent") != [{"provider": TAGGER, "value": VOTE_DISSENT}]:
+        found.append(f"the vote does not name {TAGGER}'s dissent for {VOTE_DISSENT}: {choice.get('dissent')}")
+    if vote.get("not_counted"):
+        found.append(f"the vote did not count {vote['not_counted']}")
     return found
 
 
@@ -367,20 +436,25 @@ def _tool_problem(answer: Mapping[str, Any] | None, tool: str) -> list[str]:
 
 def report(run: DemoRun, out: TextIO, colour: bool, ui_command: str = UI_COMMAND) -> int:
     """Print the whole story; 0 when everything worked, 1 otherwise."""
-    confer_id, coordinate_id = run.sessions
+    confer_id, coordinate_id, vote_id = run.all_sessions
     _section(
-        out, "1/2  confer: three members in parallel with fetch and verify; blind review; a chair's synthesis"
+        out, "1/3  confer: three members in parallel with fetch and verify; blind review; a chair's synthesis"
     )
     print(ENCODINGS_NOTE, file=out)
     print(render("confer", run.confer, colour=colour), file=out)
     _section(
-        out, "2/2  coordinate: proposer -> critics (with tools) -> revised proposal -> critics -> synthesizer"
+        out, "2/3  coordinate: proposer -> critics (with tools) -> revised proposal -> critics -> synthesizer"
     )
     print(render("coordinate", run.coordinate, colour=colour), file=out)
-    _section(out, f"telemetry: the last events of these two sessions, from {run.config.telemetry.path}")
-    _print_events(Path(run.config.telemetry.path), run.sessions, out, colour)
+    _section(
+        out, f"3/3  confer --choices {','.join(VOTE_CHOICES)}: structured answers, and the council's vote"
+    )
+    print(VOTE_NOTE, file=out)
+    print(render("confer", run.vote, colour=colour), file=out)
+    _section(out, f"telemetry: the last events of these three sessions, from {run.config.telemetry.path}")
+    _print_events(Path(run.config.telemetry.path), run.all_sessions, out, colour)
     command = conclave_command()
-    print(f"\nsessions: confer {confer_id}  coordinate {coordinate_id}", file=out)
+    print(f"\nsessions: confer {confer_id}  coordinate {coordinate_id}  vote {vote_id}", file=out)
     print(f"  see every event of one:  {command} tail --session {confer_id} --lines all", file=out)
     print(f"  transcripts are under {run.config.transcripts.dir}/", file=out)
     status = _verdict(problems(run), out, command)
@@ -389,13 +463,16 @@ def report(run: DemoRun, out: TextIO, colour: bool, ui_command: str = UI_COMMAND
 
 
 def _print_ui(run: DemoRun, ui_command: str, out: TextIO) -> None:
-    """The last thing to do: look at both sessions on the page, side by side."""
-    confer_id, coordinate_id = run.sessions
+    """The last thing to do: look at the sessions on the page."""
+    confer_id, coordinate_id, vote_id = run.all_sessions
     print(
-        f"\nsee both sessions side by side in your browser, on a read-only local page:\n  {ui_command}",
+        f"\nsee the three sessions in your browser, on a read-only local page:\n  {ui_command}",
         file=out,
     )
-    print(f"  then open {UI_URL}  (the list: {confer_id} and {coordinate_id} are at the top)", file=out)
+    print(
+        f"  then open {UI_URL}  (the list: {confer_id}, {coordinate_id} and {vote_id} are at the top)",
+        file=out,
+    )
     print(f"  or one of them directly: {UI_URL}session?id={confer_id}", file=out)
 
 
@@ -419,7 +496,7 @@ def _verdict(found: list[str], out: TextIO, command: str) -> int:
         for problem in found:
             print(f"  - {problem}", file=out)
         return 1
-    print("\ndemo: ok - confer and coordinate ran end to end against the simulated panel", file=out)
+    print("\ndemo: ok - confer, coordinate and a vote ran end to end against the simulated panel", file=out)
     return 0
 
 
@@ -432,6 +509,11 @@ ENCODINGS_NOTE = (
     f"{FETCHER} and {CHECKER} call tools natively (structured tool calls); {TAGGER} is set to\n"
     "the <tool_call> tag protocol (tool_mode: tags), the fallback for servers without tool support.\n"
     "Each answer's header says which encoding it used; the policy is the same for both."
+)
+VOTE_NOTE = (
+    f"Each member answers {{choice, reason}} (the --choices schema): choice is one of\n"
+    f"{', '.join(VOTE_CHOICES)}, and the vote counts it. The free-text reason is not voted on, so it\n"
+    "never blocks a consensus."
 )
 SIMULATED_NOTE = "Every answer above came from the simulated panel (scripted in conclave/app/demo.py)."
 

@@ -3,11 +3,12 @@
 A caller who wants a decision gives an `answer_schema`: a JSON Schema whose root is an object,
 at most 16 KiB as compact JSON, written in the portable subset (PORTABLE_KEYWORDS): what the
 providers' structured outputs take, Anthropic's after its adapter closes every object and moves
-numeric and item-count bounds into descriptions (docs/providers.md#structured-output). `check_answer_schema` refuses anything else with
-InvalidArguments (-32602 over MCP), naming the keyword or the problem and the JSON path of the
-schema that holds it. The CLI's shorthands build their schemas here (`choices_schema`,
-`number_schema`); each member's reply is checked with `answer_errors`, whose short messages are
-what the member is shown when it is asked once more.
+numeric and item-count bounds into descriptions (docs/providers.md#structured-output).
+`check_answer_schema` refuses anything else with InvalidArguments (-32602 over MCP), naming
+the keyword or the problem and the JSON path of the schema that holds it. The CLI's shorthands
+build their schemas here (`choices_schema`, `number_schema`); each member's reply is checked
+with `answer_errors`, whose short messages are what the member is shown when it is asked once
+more.
 
 `portable` cuts a wider schema (a role's envelope) down to the subset, for a provider to hold a
 reply to it natively while the reply is still checked against the whole schema.

@@ -161,11 +161,19 @@ class _Synthesis:
         low = _int(node.get("minItems"), 0)
         high = _int(node.get("maxItems"), max(low, 1, len(prefix)))
         count = min(max(low, 1, len(prefix)), high)
+        choices = items.get("enum") if isinstance(items, Mapping) and not prefix else None
+        if isinstance(choices, list) and len(choices) >= count:
+            # as a model would: a list drawn from a set (a ranking of labels) repeats none of them
+            return self.distinct(choices, count, path)
         out: list[Any] = []
         for i in range(count):
             schema = prefix[i] if i < len(prefix) else items if isinstance(items, Mapping) else {}
             out.append(self.value(schema, (*path, "items", str(i)), depth + 1))
         return out
+
+    def distinct(self, choices: list[Any], count: int, path: Path) -> list[Any]:
+        left = list(choices)
+        return [left.pop(self.pick((*path, "items", str(i)), len(left))) for i in range(count)]
 
     def integer(self, node: Mapping[str, Any], path: Path) -> int:
         low, high = _bounds(node)

@@ -82,6 +82,42 @@ class Turn:
     calls: tuple[Hop, ...] = ()
     warnings: tuple[str, ...] = ()
     fallback_from: Reason | None = None
+    value: Mapping[str, Any] | None = None  # a structured answer's object (with answer_schema)
+
+
+@dataclass(frozen=True, slots=True)
+class Dissent:
+    """A member whose value on a voted field does not agree with the winner, and that value."""
+
+    provider: str
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class VotedField:
+    """One field put to the vote: its winner (`won` False when there is none: a tie, or no valid
+    answer gives the field), the votes for it (the tied count, on a tie) out of the valid answers
+    (`of`), their share, and who dissented with what."""
+
+    field: str
+    winner: Any
+    won: bool
+    votes: int | None
+    of: int | None
+    share: float | None
+    unanimous: bool
+    dissent: tuple[Dissent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """A confer's vote over its structured answers (the result's `vote`): every voted field, the
+    consensus (None, with the reason, when there is none), and the members not counted."""
+
+    fields: tuple[VotedField, ...]
+    consensus: Mapping[str, Any] | None
+    reason: str | None
+    not_counted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +152,7 @@ class SessionView:
     answers: tuple[Turn, ...] = ()
     rounds: tuple[Round, ...] = ()
     review: Review | None = None
+    vote: Vote | None = None
     synthesis: Turn | None = None
     usage: Mapping[str, Any] = field(default_factory=dict)
     latency_ms: float | None = None
@@ -156,6 +193,7 @@ def from_transcript(summary: SessionSummary, transcript: Mapping[str, Any]) -> S
         ),
         rounds=rounds,
         review=_review(result.get("review")),
+        vote=_vote(result.get("vote")),
         synthesis=_turn(synthesis, _own(exchanges, synthesis)) if isinstance(synthesis, dict) else None,
         usage=_mapping(result.get("usage")),
         latency_ms=_number(result.get("latency_ms")),
@@ -340,6 +378,7 @@ def _turn(raw: Mapping[str, Any], exchanges: Iterable[Any] | None) -> Turn:
         calls=_hops(exchanges or ()),
         warnings=unique(str(w) for w in raw.get("warnings") or ()),
         fallback_from=describe_reason(fallback) if isinstance(fallback, dict) else None,
+        value=value if isinstance(value := raw.get("value"), dict) else None,
     )
 
 
@@ -403,6 +442,37 @@ def _review(raw: Any) -> Review | None:
     )
     top = raw.get("top")
     return Review(rankings, tuple(_dicts(raw.get("aggregate"))), _text(top), _number(raw.get("agreement")))
+
+
+def _vote(raw: Any) -> Vote | None:
+    """The result's `vote` block (docs/tools.md#structured-answers-and-the-vote), as it is."""
+    if not isinstance(raw, dict):
+        return None
+    consensus = raw.get("consensus")
+    return Vote(
+        fields=tuple(_voted_field(f) for f in _dicts(raw.get("fields"))),
+        consensus=consensus if isinstance(consensus, dict) else None,
+        reason=_text(raw.get("reason")),
+        not_counted=tuple(str(p) for p in raw.get("not_counted") or () if isinstance(p, str)),
+    )
+
+
+def _voted_field(raw: Mapping[str, Any]) -> VotedField:
+    """A `winner` of null is no winner (a tie) unless the dissent says otherwise: an explicit null
+    can win a vote too, and then some valid answers agree with it (the dissent is not all of
+    them), while with no winner every valid answer is a dissent."""
+    winner, of = raw.get("winner"), _int(raw.get("of"))
+    dissent = tuple(Dissent(str(d.get("provider", "?")), d.get("value")) for d in _dicts(raw.get("dissent")))
+    return VotedField(
+        field=str(raw.get("field", "?")),
+        winner=winner,
+        won=winner is not None or (of is not None and len(dissent) < of),
+        votes=_int(raw.get("votes")),
+        of=of,
+        share=_number(raw.get("share")),
+        unanimous=raw.get("unanimous") is True,
+        dissent=dissent,
+    )
 
 
 # -- defensive readers ------------------------------------------------------------------------

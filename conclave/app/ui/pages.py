@@ -7,6 +7,7 @@ reads: where to stream events from, and where to fetch the refreshed part of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ from urllib.parse import urlencode
 from conclave.app.labels import degraded_label, field_label, humanize, plural, status_label, warning_label
 from conclave.app.render import fmt_cost, fmt_ms, fmt_tokens
 from conclave.app.ui.markup import Safe, el, join, void
-from conclave.app.ui.model import CostPart, Hop, Reason, Review, Round, SessionView, Turn
+from conclave.app.ui.model import CostPart, Hop, Reason, Review, Round, SessionView, Turn, Vote, VotedField
 from conclave.app.ui.sessions import SessionSummary
 
 TITLE = "Conclave"
@@ -152,7 +153,8 @@ def session_body(view: SessionView) -> Safe:
     parts += [_warnings(view.warnings), _question(view), _totals(view), _costs(view)]
     if summary.running:
         parts.append(_activity(view))
-    parts += [_answers(view.answers), *(_round(r) for r in view.rounds), _review(view.review)]
+    parts += [_answers(view.answers), _vote(view.vote), *(_round(r) for r in view.rounds)]
+    parts.append(_review(view.review))
     parts.append(_synthesis(view.synthesis))
     if not summary.running and view.activity:
         parts.append(_activity(view))
@@ -323,9 +325,24 @@ def _facts(turn: Turn) -> str:
 
 
 def _said(turn: Turn) -> Safe | None:
+    if turn.value is not None:  # a structured answer: its fields, not its JSON text
+        return _value(turn.value)
     if turn.envelope is not None:
         return _envelope(turn.envelope)
+    if turn.status == "invalid_answer" and turn.text:
+        note = "Its last reply, not valid against the answer schema (so not counted in the vote):"
+        return join([el("p", note, class_="muted"), el("pre", turn.text, class_="invalid")])
     return el("div", turn.text, class_="text") if turn.text else None
+
+
+def _value(value: Mapping[str, Any]) -> Safe:
+    """A structured answer's object, a field a line: its name as the schema spells it (as the
+    vote names it), then its value (a string as it is, anything else as one line of JSON)."""
+    fields = [
+        el("div", el("span", key, class_="key"), " ", el("span", _shown(v), class_="text"), class_="field")
+        for key, v in value.items()
+    ]
+    return el("div", fields, class_="envelope value")
 
 
 def _envelope(envelope: Mapping[str, Any]) -> Safe:
@@ -450,6 +467,70 @@ def _aggregate(review: Review) -> Safe:
         for i, row in enumerate(review.aggregate)
     ]
     return el("table", el("caption", "Aggregate"), el("thead", head), el("tbody", rows), class_="aggregate")
+
+
+def _vote(vote: Vote | None) -> Safe | None:
+    """The vote over the structured answers, as a table a voted field a row, under the consensus
+    (or why there is none); the members it did not count are named below it."""
+    if vote is None:
+        return None
+    if vote.consensus is not None:
+        agreed = ", ".join(f"{key} = {_shown(value)}" for key, value in vote.consensus.items())
+        verdict = el("span", "consensus: ", agreed, class_="consensus good")
+    else:
+        verdict = el("span", "no consensus: ", vote.reason or "(no reason recorded)", class_="consensus bad")
+    head = el("tr", [el("th", h) for h in ("field", "winner", "votes", "share", "unanimous", "dissent")])
+    rows = [_voted_row(f) for f in vote.fields]
+    table = el("table", el("thead", head), el("tbody", rows), class_="vote") if rows else None
+    counted = None
+    if vote.not_counted:
+        counted = el(
+            "p",
+            el("strong", "Not counted"),
+            f" (no answer valid against the schema): {', '.join(vote.not_counted)}",
+            class_="not-counted",
+        )
+    about = (
+        "Each voted field's most-given value among the valid answers; a consensus needs a strict "
+        "majority (more than half) on every voted field."
+    )
+    return el("section", el("h2", "Vote · ", verdict), el("p", about, class_="muted"), table, counted)
+
+
+def _voted_row(field: VotedField) -> Safe:
+    if field.won:
+        winner: Safe = el("td", _shown(field.winner), class_="winner")
+    else:
+        missing = "a tie" if field.votes else "none: no valid answer gives it"
+        winner = el("td", el("span", missing, class_="muted"), class_="winner")
+    count = f"{_count(field.votes)} of {_count(field.of)}"
+    share = f"{field.share:.0%}" if field.share is not None else "-"
+    dissent = (
+        el("ul", [el("li", el("strong", d.provider), ": ", _shown(d.value)) for d in field.dissent])
+        if field.dissent
+        else el("span", "none", class_="muted")
+    )
+    return el(
+        "tr",
+        el("th", field.field),
+        winner,
+        el("td", count, class_="num"),
+        el("td", share, class_="num"),
+        el("td", "yes" if field.unanimous else "no"),
+        el("td", dissent, class_="dissent"),
+        data_field=field.field,
+    )
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value on one line, a string as it is (as the CLI shows a structured answer)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _synthesis(turn: Turn | None) -> Safe | None:
