@@ -39,6 +39,7 @@ from conclave.app.local import (
     with_system,
 )
 from conclave.net.http import AiohttpTransport, RequestHeaders, ResponseHeaders, Streamed, Transport
+from conclave.schema.answer_schema import choices_schema
 from conclave.schema.config import Config
 from conclave.schema.schemas import first_error
 from tests.support import read_events
@@ -170,6 +171,25 @@ async def test_three_members_answer_and_usage_is_what_the_server_counted(
 
 async def _equal(measure: Callable[[], Any], expected: Any) -> bool:
     return bool(await measure() == expected)
+
+
+@needs_model
+@pytest.mark.anyio
+async def test_structured_answers_from_the_real_model_are_valid_values(
+    server: LocalServer, config_for: Callable[..., Config]
+) -> None:
+    """llama.cpp holds each reply to the schema (a grammar built from `response_format`): every
+    member's answer is one of the choices, and the vote counts them."""
+    schema = choices_schema(["managed", "self-hosted"])
+    async with Conclave(config_for(server, PERSONAS), transport=PersonaTransport(PERSONAS)) as conclave:
+        with anyio.fail_after(CALL_SECONDS + MARGIN):
+            result = await conclave.confer(
+                QUESTION, answer_schema=schema, max_tokens=96, temperature=0, timeout_seconds=CALL_SECONDS
+            )
+    assert not result.degraded, result.degraded_reasons
+    assert all(a.value is not None and a.value["choice"] in ("managed", "self-hosted") for a in result.answers)
+    assert result.vote is not None and result.vote.not_counted == ()
+    assert result.vote.fields[0].of == len(result.answers)
 
 
 @needs_model

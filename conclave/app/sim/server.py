@@ -318,12 +318,16 @@ def _answer_text(
 
 
 def _default_text(parsed: wire.ParsedRequest, roles: bool) -> str:
+    # The role's ask closes the last message; a tool result coming back is not a role prompt. A
+    # role's envelope comes first even when the request carries its schema (role turns do): it
+    # plays the debate out as the scenario means it to (a critic asking for a revision).
+    envelope = role_answer(parsed.model, parsed.last_text) if roles else None
+    if envelope is not None:
+        return envelope
     if parsed.answer_schema is not None:  # structured output: an object valid against the schema
         schema, question = parsed.answer_schema, parsed.last_user_text
         return orjson.dumps(structured.synthesize(schema, model=parsed.model, question=question)).decode()
-    # The role's ask closes the last message; a tool result coming back is not a role prompt.
-    envelope = role_answer(parsed.model, parsed.last_text) if roles else None
-    return envelope if envelope is not None else default_answer(parsed.model, parsed.last_user_text)
+    return default_answer(parsed.model, parsed.last_user_text)
 
 
 async def _success_response(
