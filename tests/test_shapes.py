@@ -149,7 +149,9 @@ async def _produce(tmp: Path) -> list[Produced]:
         unpriced = _unpriced(priced, "sim-gemini")
         async with conclave.Conclave(priced) as c:
             out += _records(await c.confer("Which queue?", session_id="shapes-plain"), "plain")
-            decided = await c.confer("Which queue?", answer_schema=choices_schema(["SQS", "Kafka"]))
+            decided = await c.confer(
+                "Which queue?", answer_schema=choices_schema(["SQS", "Kafka"]), synthesize=True
+            )
             out += _records(decided, "structured")
             council = await c.confer(
                 "Which queue?", review=True, synthesize=True, session_id="shapes-council"

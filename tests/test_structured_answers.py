@@ -270,3 +270,50 @@ async def test_a_reviewer_is_held_to_its_own_labels(council: Callable[[Panel], A
     assert wire["strict"] is True
     assert wire["schema"]["properties"]["ranking"]["items"]["enum"] == ["Response A", "Response B"]
     assert wire["schema"]["properties"]["notes"]["required"] == ["Response A", "Response B"]
+
+
+async def test_the_chair_decides_a_value_having_seen_the_vote_but_no_names(
+    council: Callable[[Panel], Any], events_path: Path
+) -> None:
+    def member_or_chair(choice: str) -> Reply:
+        def reply(messages: list[dict[str, Any]]) -> str:
+            asked = str(messages[-1]["content"])
+            if "Write the final answer to the question" in asked:
+                return json.dumps(
+                    {"answer": "SQS.", "confidence": 0.8, "value": {"choice": "SQS", "reason": "2 of 3"}}
+                )
+            return json.dumps({"choice": choice, "reason": "because"})
+
+        return reply
+
+    panel = Panel({"a": member_or_chair("SQS"), "b": member_or_chair("SQS"), "c": member_or_chair("Kafka")})
+    async with council(panel) as client:
+        out = (await client.confer("Which queue?", answer_schema=CHOICES, synthesize=True)).to_dict()
+    assert out["synthesis"]["value"] == {"choice": "SQS", "reason": "2 of 3"}
+    chair = next(b for b in panel.sent if "Write the final answer" in b["messages"][-1]["content"])
+    asked = chair["messages"][-1]["content"]
+    assert '"winner": "SQS"' in asked and '"votes": 2' in asked, "the chair sees the vote"
+    assert all(f'"{name}"' not in asked for name in ("a", "b", "c")), "but no member's name"
+    wire = chair["response_format"]["json_schema"]["schema"]
+    assert "value" in wire["required"] and wire["properties"]["value"]["properties"]["choice"]["enum"] == [
+        "SQS",
+        "Kafka",
+        "RabbitMQ",
+    ]
+
+
+async def test_a_chair_without_a_valid_value_is_asked_again(council: Callable[[Panel], Any]) -> None:
+    def chair_forgets(messages: list[dict[str, Any]]) -> str:
+        asked = str(messages[-1]["content"])
+        if "Write the final answer to the question" in asked:
+            return json.dumps({"answer": "SQS.", "confidence": 0.8})
+        if "not a valid synthesizer reply" in asked:
+            return json.dumps(
+                {"answer": "SQS.", "confidence": 0.8, "value": {"choice": "SQS", "reason": "r"}}
+            )
+        return json.dumps({"choice": "SQS", "reason": "because"})
+
+    panel = Panel({"a": chair_forgets, "b": chair_forgets})
+    async with council(panel) as client:
+        out = (await client.confer("Which queue?", answer_schema=CHOICES, synthesize=True)).to_dict()
+    assert out["synthesis"]["attempts"] == 2 and out["synthesis"]["value"]["choice"] == "SQS"

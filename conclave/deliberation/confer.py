@@ -35,6 +35,7 @@ from conclave.deliberation.results import (
 from conclave.deliberation.roles import (
     answer_instruction,
     chair_prompt,
+    chair_wire_schema,
     member_system,
     reviewer_prompt,
     shared_system,
@@ -50,8 +51,8 @@ from conclave.deliberation.session import (
 )
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.deliberation.structured import structured_answer
-from conclave.deliberation.vote import FieldVote, tally
-from conclave.schema.answer_schema import check_answer_schema
+from conclave.deliberation.vote import FieldVote, Vote, tally
+from conclave.schema.answer_schema import answer_errors, check_answer_schema
 
 
 async def confer(
@@ -289,6 +290,14 @@ class _Vote:
         board.vote = vote
 
 
+def _value_problem(envelope: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
+    """What is wrong with the chair's `value`, which a structured confer's synthesis must hold."""
+    if "value" not in envelope:
+        return "$.value: the final answer as an object valid against the answer schema is missing"
+    errors = answer_errors(schema, envelope["value"])
+    return "; ".join(f"$.value{e[1:]}" for e in errors) if errors else None
+
+
 def _counted(field: FieldVote) -> dict[str, Any]:
     """A voted field as the event log keeps it: the counts, never the values."""
     return {
@@ -398,11 +407,13 @@ class _Chair:
 
     async def run(self, board: pipeline.Board) -> None:
         with anyio.CancelScope(deadline=self.session.deadline):
-            board.synthesis = await self._synthesize(board.answers, board.review)
+            board.synthesis = await self._synthesize(board.answers, board.review, board.vote)
         if board.synthesis is None:  # out of time before the chair could start
             board.synthesis = self.turns.timed_out("synthesizer", self.chain[0])
 
-    async def _synthesize(self, answers: list[Answer], peer_review: Review | None) -> RoleAnswer:
+    async def _synthesize(
+        self, answers: list[Answer], peer_review: Review | None, vote: Vote | None
+    ) -> RoleAnswer:
         ok = [a for a in answers if a.ok]
         if not ok:  # nothing to synthesize from
             error = {"code": "no_answers", "message": "no member answered: nothing to synthesize"}
@@ -415,8 +426,25 @@ class _Chair:
             ranked = [{"label": label_of[s.provider], **s.to_dict()} for s in peer_review.aggregate]
             for entry in ranked:
                 del entry["provider"]  # the chair sees labels only
-        prompt = chair_prompt([(label, text_of[who]) for label, who in seating], ranked)
-        synthesis = await self.turns.synthesize(self.chain, prompt, 1)
+        schema = self.members.schema
+        if schema is None or vote is None:
+            prompt = chair_prompt([(label, text_of[who]) for label, who in seating], ranked)
+            synthesis = await self.turns.synthesize(self.chain, prompt, 1)
+        else:
+            counts = [
+                {"field": f.field, "winner": f.winner, "votes": f.votes, "of": f.of} for f in vote.fields
+            ]
+            answers_seen = [(label, text_of[who]) for label, who in seating]
+            prompt = chair_prompt(answers_seen, ranked, (schema, counts))
+            synthesis = await self.turns.synthesize(
+                self.chain,
+                prompt,
+                1,
+                check=lambda envelope: _value_problem(envelope, schema),
+                schema=chair_wire_schema(schema),
+            )
+            if synthesis.envelope is not None:
+                synthesis = replace(synthesis, value=synthesis.envelope["value"])
         self.session.runtime.telemetry.emit(
             "synthesis",
             provider=synthesis.provider,

@@ -329,7 +329,7 @@ class ConferResult(_Result):
         if self.review is not None:
             out["review"] = self.review.to_dict()
         if self.synthesis is not None:
-            out["synthesis"] = self.synthesis.to_dict(tools_on=False)
+            out["synthesis"] = self.synthesis.to_dict(tools_on=False, structured=structured)
         return {**out, **self._tail()}
 
 

@@ -196,14 +196,36 @@ def reviewer_prompt(answers: Sequence[tuple[str, str]]) -> str:
     )
 
 
-def chair_prompt(answers: Sequence[tuple[str, str]], aggregate: Sequence[Mapping[str, Any]] | None) -> str:
-    """The panel's answers as (label, text), and the review's aggregate by label."""
+def chair_prompt(
+    answers: Sequence[tuple[str, str]],
+    aggregate: Sequence[Mapping[str, Any]] | None,
+    structured: tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
+    """The panel's answers as (label, text), the review's aggregate by label, and for structured
+    answers (the answer schema, the vote's counts with no provider named) what `value` must be."""
     ranking = "" if aggregate is None else _fill("chair_ranking", aggregate=_fenced(list(aggregate)))
+    asked = ""
+    if structured is not None:
+        schema, counts = structured
+        filled = _fill(
+            "chair_structured", vote=_fenced_model_output(list(counts)), schema=_fenced(dict(schema))
+        )
+        asked = f"\n\n{filled}"
     return _fill(
         "chair.user",
         answers=_fenced_model_output([{"label": label, "answer": text} for label, text in answers]),
         ranking=ranking,
+        structured=asked,
     )
+
+
+def chair_wire_schema(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The synthesizer's envelope with `value` held to the call's answer schema."""
+    envelope, value = role_wire_schema("synthesizer"), portable(schema)
+    if envelope is None or value is None:
+        return None
+    required = [*envelope.get("required", ()), "value"]
+    return {**envelope, "properties": {**envelope["properties"], "value": value}, "required": required}
 
 
 @cache

@@ -83,13 +83,21 @@ class RoleTurns:
             await self.session.progress(self._step(answer))
         return answer
 
-    async def synthesize(self, names: Sequence[str], prompt: str, number: int) -> RoleAnswer:
+    async def synthesize(
+        self,
+        names: Sequence[str],
+        prompt: str,
+        number: int,
+        *,
+        check: EnvelopeCheck | None = None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> RoleAnswer:
         """The first of `names` to deliver a synthesizer envelope, saying whom it replaced; the
         last failure when none does. Never tools: the synthesizer reads, it does not fetch."""
         failed: list[RoleAnswer] = []
         with anyio.CancelScope(deadline=self.session.deadline):
             for name in names:
-                answer = await self.ask("synthesizer", name, prompt, number)
+                answer = await self.ask("synthesizer", name, prompt, number, check=check, schema=schema)
                 if answer.envelope is not None:
                     return _with_fallback(answer, failed)
                 failed.append(answer)

@@ -323,11 +323,22 @@ def _default_text(parsed: wire.ParsedRequest, roles: bool) -> str:
     # plays the debate out as the scenario means it to (a critic asking for a revision).
     envelope = role_answer(parsed.model, parsed.last_text) if roles else None
     if envelope is not None:
-        return envelope
+        return envelope if parsed.answer_schema is None else _completed(envelope, parsed)
     if parsed.answer_schema is not None:  # structured output: an object valid against the schema
         schema, question = parsed.answer_schema, parsed.last_user_text
         return orjson.dumps(structured.synthesize(schema, model=parsed.model, question=question)).decode()
     return default_answer(parsed.model, parsed.last_user_text)
+
+
+def _completed(envelope: str, parsed: wire.ParsedRequest) -> str:
+    """A role's envelope with what the request's schema requires besides (a chair's `value`)."""
+    schema = parsed.answer_schema or {}
+    filled = orjson.loads(envelope)
+    for name in schema.get("required", ()):
+        part = (schema.get("properties") or {}).get(name)
+        if name not in filled and isinstance(part, dict):
+            filled[name] = structured.synthesize(part, model=parsed.model, question=parsed.last_user_text)
+    return orjson.dumps(filled).decode()
 
 
 async def _success_response(
