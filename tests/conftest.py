@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import orjson
 import pytest
 import yaml
 
+from conclave.app.sim import SimPanel
 from conclave.schema.config import Config, load_config
 from conclave.schema.schemas import first_error
 from tests.redis_server import RedisServer
@@ -147,3 +148,10 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def panel() -> AsyncIterator[SimPanel]:
+    """The simulated panel on loopback, started for one test (a module may define its own)."""
+    async with SimPanel() as sim:
+        yield sim

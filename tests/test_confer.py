@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.anyio
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}
 
-
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,6 @@ SYNTHESIS = {"answer": "Use Kafka.", "confidence": 0.8, "resolved": [], "dissent
 # Every member's answer names it, so a test can see whose answer reached whom.
 ANSWERS = {name: f"ANSWER-OF-{name.upper()}: pick option {i}" for i, name in enumerate(MEMBERS, 1)}
 
-
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ tracer whether it records."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -29,11 +29,6 @@ from conclave.worker.loop import WorkerLoop, WorkerTurn
 
 pytestmark = pytest.mark.anyio
 
-
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
 
 
 @pytest.fixture

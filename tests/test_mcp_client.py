@@ -24,11 +24,6 @@ from tests.server_support import SERVE, panel_config  # noqa: E402
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
-
 
 @pytest.fixture
 async def session(panel: SimPanel, tmp_path: Path) -> AsyncIterator[ClientSession]:

@@ -3,7 +3,7 @@ aiohttp-backed client real providers get: answers, usage, cost, auth, quirks and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,6 @@ AUTH = {
 }
 PRICE = {"input_per_mtok": 2.0, "output_per_mtok": 8.0, "cached_input_per_mtok": 0.5}
 
-
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
 
 
 class Harness:

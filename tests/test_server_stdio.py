@@ -22,11 +22,6 @@ from tests.server_support import StdioServer, panel_config, start_server
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
-
 
 @pytest.fixture
 async def server(panel: SimPanel, tmp_path: Path) -> AsyncIterator[StdioServer]:

@@ -27,11 +27,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as p:
-        yield p
-
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:

@@ -72,11 +72,6 @@ def valid(schema: dict[str, Any], value: Any) -> bool:
     return jsonschema.Draft202012Validator(schema).is_valid(value)
 
 
-@pytest.fixture
-async def panel() -> AsyncIterator[SimPanel]:
-    async with SimPanel() as sim:
-        yield sim
-
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
