@@ -317,3 +317,14 @@ async def test_a_chair_without_a_valid_value_is_asked_again(council: Callable[[P
     async with council(panel) as client:
         out = (await client.confer("Which queue?", answer_schema=CHOICES, synthesize=True)).to_dict()
     assert out["synthesis"]["attempts"] == 2 and out["synthesis"]["value"]["choice"] == "SQS"
+
+
+async def test_a_dry_run_bounds_the_re_prompt_of_each_structured_answer(
+    council: Callable[[Panel], Any],
+) -> None:
+    panel = Panel({"a": says({}), "b": says({})})
+    async with council(panel) as client:
+        plain = (await client.confer("Which queue?", dry_run=True)).to_dict()["plan"]
+        shaped = (await client.confer("Which queue?", answer_schema=CHOICES, dry_run=True)).to_dict()["plan"]
+    assert panel.sent == []
+    assert shaped["max_calls"] == 2 * plain["max_calls"]

@@ -190,7 +190,11 @@ class _Answers:
     def bounds(self) -> list[dict[str, Any]]:
         shared = len(self.turns.shared.encode("utf-8")) if self.staged else 0
         shape = self.shape()
-        return [self.session.planned_call(name, shape, shared_bytes=shared) for name in self.providers]
+        repeats = 1 if self.schema is None else 2  # a structured answer may be asked for again
+        return [
+            self.session.planned_call(name, shape, repeats=repeats, shared_bytes=shared)
+            for name in self.providers
+        ]
 
     def shape(self) -> TurnShape:
         return self.session.turn_shape(self.asked_bytes(self.staged), tools_on=self.session.tools_on)
