@@ -22,7 +22,6 @@ from tests.server_support import StdioServer, panel_config, start_server
 pytestmark = pytest.mark.anyio
 
 
-
 @pytest.fixture
 async def server(panel: SimPanel, tmp_path: Path) -> AsyncIterator[StdioServer]:
     proc = await start_server(panel_config(panel, tmp_path), tmp_path)
@@ -343,6 +342,21 @@ async def test_plain_methods_return_the_structured_result_or_a_typed_error(serve
     refused = await server.request("fetch", {"url": "file:///etc/passwd"})
     assert refused["error"]["code"] == -32000
     assert refused["error"]["data"]["reason"] == "scheme_not_allowed"
+
+
+async def test_an_answer_schema_outside_the_portable_subset_is_refused_naming_the_keyword(
+    server: StdioServer,
+) -> None:
+    schema = {"type": "object", "properties": {"pick": {"type": "string", "pattern": "^[AB]$"}}}
+    invalid = await server.request("confer", {"question": "Which?", "answer_schema": schema})
+    assert invalid["error"]["code"] == -32602
+    assert invalid["error"]["data"]["path"] == "$.answer_schema.properties.pick"
+    assert "'pattern'" in invalid["error"]["data"]["message"]
+    await initialize(server)
+    called = await server.request(
+        "tools/call", {"name": "confer", "arguments": {"question": "Which?", "answer_schema": schema}}
+    )
+    assert called["result"]["isError"] is True and "'pattern'" in called["result"]["content"][0]["text"]
 
 
 async def test_ping_is_answered_during_a_long_call_and_cancel_stops_it_with_no_reply(
