@@ -130,6 +130,7 @@ KIND = KindSpec(
     streaming=False,
     cache="breakpoint",  # cache_control on the shared system block (`_system`)
     otel_name="anthropic",
+    answer_field="content",
 )
 
 

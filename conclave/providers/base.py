@@ -98,6 +98,9 @@ class KindSpec:
     streaming: bool  # the adapter reads streamed answers (none does yet: replies are read whole)
     cache: CacheMechanics
     otel_name: str  # OpenTelemetry's `gen_ai.provider.name` for the kind
+    # The member of a successful body that holds the answer: a 200 body with a non-null `error`
+    # and without it is an in-band error (OpenRouter sends those).
+    answer_field: str
 
     @property
     def name(self) -> str:

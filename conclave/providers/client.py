@@ -30,6 +30,7 @@ from conclave.core.records import record
 from conclave.net.http import Transport, TransportError
 from conclave.obs.telemetry import Telemetry
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
+from conclave.providers.kinds import KINDS
 from conclave.providers.pricing import cost_usd
 from conclave.schema.config import ProviderConfig, RetryConfig
 from conclave.state.base import Breaker, Slots
@@ -187,7 +188,7 @@ class ProviderClient:
                 provider=self.name,
                 status=status,
             )
-        if body.get("error") is not None and not any(k in body for k in ("choices", "content", "candidates")):
+        if body.get("error") is not None and KINDS[self.entry.kind].answer_field not in body:
             # An in-band error with a 200 status (OpenRouter does this). Not a null one: every
             # Responses API body has `"error": null`.
             details = self.adapter.error_details(body, headers)

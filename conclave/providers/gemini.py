@@ -126,6 +126,7 @@ KIND = KindSpec(
     streaming=False,
     cache="implicit",
     otel_name="gcp.gemini",
+    answer_field="candidates",
 )
 
 

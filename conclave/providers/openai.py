@@ -147,6 +147,7 @@ KIND = KindSpec(
     streaming=False,
     cache="cache_key",  # automatic, with prompt_cache_key to route a session to one cache
     otel_name="openai",
+    answer_field="choices",
 )
 
 
