@@ -176,11 +176,7 @@ class _Answers:
         self.session, self.turns, self.providers, self.staged = session, turns, providers, staged
         self.request, self.system = request, request.system
         self.schema = request.answer_schema
-        instruction = None if self.schema is None else answer_instruction(self.schema)
-        if staged:
-            self.messages = turns.member_messages(instruction)
-        else:
-            self.messages = user_messages(request.question, request.context, instruction)
+        self.messages = self.asked(staged)
 
     def planned_calls(self) -> PlannedCalls:
         """A plain confer sends each member the caller's question as it is: nothing shared."""
@@ -206,14 +202,15 @@ class _Answers:
             system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
         else:
             system = session.hinted(self.system, tools) or ""
-        asked = self.turns.member_messages(self._instruction()) if staged else self._plain_messages()
-        return len(("".join(m.content for m in asked) + system).encode("utf-8"))
+        return len(("".join(m.content for m in self.asked(staged)) + system).encode("utf-8"))
 
-    def _instruction(self) -> str | None:
-        return None if self.schema is None else answer_instruction(self.schema)
-
-    def _plain_messages(self) -> tuple[Message, ...]:
-        return user_messages(self.request.question, self.request.context, self._instruction())
+    def asked(self, staged: bool) -> tuple[Message, ...]:
+        """What a member is asked, laid out with or without stages; for a structured answer, the
+        schema's instruction last."""
+        instruction = None if self.schema is None else answer_instruction(self.schema)
+        if staged:
+            return self.turns.member_messages(instruction)
+        return user_messages(self.request.question, self.request.context, instruction)
 
     def quoted_bytes(self) -> int:
         """A later stage's prompt at its largest: the question as a plain confer asks it (the
