@@ -16,6 +16,7 @@ import pytest
 
 from conclave.app.server.stdio import MAX_LINE_BYTES, _is_pipe
 from conclave.app.sim import Reply, Scenario, SimPanel
+from conclave.schema.answer_schema import choices_schema
 from conclave.schema.schemas import validator
 from tests.server_support import StdioServer, panel_config, start_server
 
@@ -342,6 +343,29 @@ async def test_plain_methods_return_the_structured_result_or_a_typed_error(serve
     refused = await server.request("fetch", {"url": "file:///etc/passwd"})
     assert refused["error"]["code"] == -32000
     assert refused["error"]["data"]["reason"] == "scheme_not_allowed"
+
+
+async def test_tools_call_confer_with_an_answer_schema_returns_the_vote_as_its_schema_says(
+    server: StdioServer, panel: SimPanel
+) -> None:
+    """As an MCP client sees it: the tool's published input schema takes `answer_schema`, and the
+    structured result carries each member's `value` and the `vote`, valid against the output schema."""
+    await initialize(server)
+    listed = await server.request("tools/list")
+    (confer,) = [t for t in listed["result"]["tools"] if t["name"] == "confer"]
+    assert {"answer_schema", "vote_fields", "tolerance"} <= set(confer["inputSchema"]["properties"])
+    for model, choice in (("m-alpha", "SQS"), ("m-beta", "SQS"), ("m-gamma", "Kafka")):
+        panel.set_scenario(model, Scenario(replies=(Reply(value={"choice": choice, "reason": "r"}),)))
+    schema = choices_schema(["SQS", "Kafka"])
+    reply = await server.request(
+        "tools/call", {"name": "confer", "arguments": {"question": "Which?", "answer_schema": schema}}
+    )
+    result = reply["result"]["structuredContent"]
+    assert list(validator("confer.output.json").iter_errors(result)) == []
+    assert [a["value"]["choice"] for a in result["answers"]] == ["SQS", "SQS", "Kafka"]
+    assert result["vote"]["consensus"] == {"choice": "SQS"}
+    text = reply["result"]["content"][0]["text"]
+    assert '## vote — consensus {"choice":"SQS"}' in text and '- choice: "SQS" (2 of 3); dissent: gamma "Kafka"' in text
 
 
 async def test_an_answer_schema_outside_the_portable_subset_is_refused_naming_the_keyword(

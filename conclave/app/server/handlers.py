@@ -68,9 +68,39 @@ def render_confer(result: Mapping[str, Any]) -> str:
     for answer in result.get("answers", []):
         lines.append(f"\n## {answer['provider']} ({answer.get('model') or '?'}) — {answer['status']}")
         lines.append(answer["text"] if answer.get("text") else _error_line(answer))
+    if result.get("vote"):
+        lines += _vote_lines(result["vote"])
+    synthesis = result.get("synthesis") or {}
+    if synthesis.get("envelope"):
+        lines.append(f"\n## synthesis by {synthesis['provider']}\n{synthesis['envelope'].get('answer')}")
+        if synthesis.get("value") is not None:
+            lines.append("decided: " + orjson.dumps(synthesis["value"]).decode())
     if result.get("plan"):
         lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
     return "\n".join(lines)
+
+
+def _vote_lines(vote: Mapping[str, Any]) -> list[str]:
+    """The vote as a model reading the text would want it: the consensus, then each field."""
+    consensus = vote.get("consensus")
+    head = (
+        "consensus " + orjson.dumps(consensus).decode()
+        if consensus is not None
+        else f"no consensus: {vote.get('reason')}"
+    )
+    lines = [f"\n## vote — {head}"]
+    for field in vote.get("fields") or []:
+        winner = "a tie" if field.get("winner") is None else orjson.dumps(field["winner"]).decode()
+        dissent = ", ".join(
+            f"{d['provider']} {orjson.dumps(d['value']).decode()}" for d in field.get("dissent") or []
+        )
+        lines.append(
+            f"- {field['field']}: {winner} ({field['votes']} of {field['of']})"
+            + (f"; dissent: {dissent}" if dissent else "")
+        )
+    if vote.get("not_counted"):
+        lines.append(f"- not counted (no valid answer): {', '.join(vote['not_counted'])}")
+    return lines
 
 
 def render_coordinate(result: Mapping[str, Any]) -> str:
