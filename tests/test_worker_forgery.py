@@ -10,7 +10,7 @@ else is left; and through a whole confer.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from conclave.worker.forgery import find_imitation
 from conclave.worker.loop import WorkerOutcome, WorkerTurn
 from conclave.worker.untrusted import find_live_markup, neutralize
 from tests.support import read_events, system_text
-from tests.test_worker_native import worlds
+from tests.test_worker_native import strings, worlds
 
 pytestmark = pytest.mark.anyio
 
@@ -123,18 +123,6 @@ def verify_call(mode: ToolMode) -> Reply:
     if mode == "native":
         return Reply(tool_calls=(NativeCall("verify", VERIFY_391),))
     return Reply(text=f"<tool_call>{json.dumps({'name': 'verify', 'args': VERIFY_391})}</tool_call>")
-
-
-def strings(value: Any) -> Iterator[str]:
-    """Every string anywhere in a JSON value."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from strings(item)
 
 
 def imitation_events(events_path: Path) -> list[dict[str, Any]]:

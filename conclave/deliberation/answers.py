@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from conclave.core.errors import BreakerOpen, DeadlineExceeded, MissingApiKey, ProviderError, ProviderTimeout
+from conclave.core.messages import Message
 from conclave.deliberation.results import Answer, Totals
 from conclave.obs.redact import Redactor
 from conclave.schema.config import Config
@@ -62,6 +64,43 @@ def combined(first: Answer, second: Answer) -> Answer:
         warnings=tuple(dict.fromkeys(first.warnings + second.warnings)),
         text=second.text if second.ok else None,
     )
+
+
+MAX_ECHO_CHARS = 20_000  # of an invalid reply, quoted back in the re-prompt
+A = TypeVar("A", bound=Answer)
+Found = tuple[dict[str, Any] | None, str | None]  # (the object a reply holds, or None with why)
+
+
+async def asked_twice(
+    first: A,
+    messages: tuple[Message, ...],
+    *,
+    parse: Callable[[str], Found],
+    reprompt: Callable[[str], str],
+    again: Callable[[tuple[Message, ...]], Awaitable[Answer]],
+    merge: Callable[[A, Answer], A],
+    invalid: Callable[[A, int, str, bool], None],
+) -> tuple[A, dict[str, Any] | None, str]:
+    """The object `parse` finds in `first`'s reply, else in the reply to one re-prompt quoting the
+    reply and its error (`again`, given the conversation): (the answer, both attempts merged when
+    there were two; the object or None; the last error). `invalid` hears of each invalid reply
+    (its answer, the attempt, the error, whether it was the last)."""
+    found, error = parse(first.text or "")
+    if found is not None:
+        return first, found, ""
+    error = error or "invalid reply"
+    invalid(first, 1, error, False)
+    echoed = (first.text or "")[:MAX_ECHO_CHARS]  # a huge bad reply is not worth paying for twice
+    retry = (*messages, Message("assistant", echoed), Message("user", reprompt(error)))
+    second = merge(first, await again(retry))
+    if not second.ok:
+        return second, None, error
+    found, error = parse(second.text or "")
+    if found is not None:
+        return second, found, ""
+    error = error or "invalid reply"
+    invalid(second, 2, error, True)
+    return second, None, error
 
 
 def status_of(exc: ProviderError) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from conclave.core.messages import Message
-from conclave.deliberation.answers import combined, timed_out
+from conclave.deliberation.answers import asked_twice, combined, timed_out
 from conclave.deliberation.results import Answer, RoleAnswer, Totals
 from conclave.deliberation.roles import (
     Role,
@@ -27,7 +27,6 @@ from conclave.deliberation.roles import (
 from conclave.deliberation.session import Session
 from conclave.schema.config import RolesConfig
 
-MAX_ECHO_CHARS = 20_000
 # A check beyond the schema (a reviewer's ranking must hold exactly the labels it was shown):
 # the error to hand back to the role, or None.
 EnvelopeCheck = Callable[[Mapping[str, Any]], str | None]
@@ -170,26 +169,22 @@ class RoleTurns:
     ) -> RoleAnswer:
         """The envelope in the first reply, or in the reply to one re-prompt with the errors."""
         role = first.role
-        envelope, error = _parsed(role, first.text or "", check)
-        if envelope is not None:
-            return replace(first, envelope=envelope)
-        self._invalid(first, 1, error or "invalid envelope")
-        echoed = (first.text or "")[:MAX_ECHO_CHARS]  # a huge bad reply is not worth paying for twice
-        retry = (
-            *messages,
-            Message("assistant", echoed),
-            Message("user", reprompt(role, error or "invalid envelope")),
+        answer, envelope, error = await asked_twice(
+            first,
+            messages,
+            parse=lambda text: _parsed(role, text, check),
+            reprompt=lambda why: reprompt(role, why),
+            again=lambda retry: self._turn(role, first.provider, retry, (), schema),
+            merge=_merged,
+            invalid=self._invalid,
         )
-        second = _merged(first, await self._turn(role, first.provider, retry, (), schema))
-        if not second.ok:
-            return second
-        envelope, error = _parsed(role, second.text or "", check)
         if envelope is not None:
-            return replace(second, envelope=envelope)
-        self._invalid(second, 2, error or "invalid envelope", final=True)
+            return replace(answer, envelope=envelope)
+        if not answer.ok:
+            return answer
         message = f"no valid {role} envelope after a re-prompt: {error}"
         return replace(
-            second, status="invalid_envelope", error={"code": "invalid_envelope", "message": message}
+            answer, status="invalid_envelope", error={"code": "invalid_envelope", "message": message}
         )
 
     async def _turn(
@@ -212,7 +207,7 @@ class RoleTurns:
             answer_schema=schema,
         )
 
-    def _invalid(self, answer: RoleAnswer, attempt: int, error: str, *, final: bool = False) -> None:
+    def _invalid(self, answer: RoleAnswer, attempt: int, error: str, final: bool) -> None:
         self.session.runtime.telemetry.emit(
             "role_envelope_invalid",
             provider=answer.provider,

@@ -14,10 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from conclave.core.messages import Message
-from conclave.deliberation.answers import combined
+from conclave.deliberation.answers import asked_twice, combined
 from conclave.deliberation.results import Answer
 from conclave.deliberation.roles import answer_reprompt, parse_object
-from conclave.deliberation.stages import MAX_ECHO_CHARS
 from conclave.obs.telemetry import Telemetry
 from conclave.schema.answer_schema import answer_errors
 
@@ -46,24 +45,24 @@ async def structured_answer(
     first = await ask(messages, tools)
     if not first.ok:
         return first
-    value, error = parse_answer(first.text or "", schema)
+    answer, value, error = await asked_twice(
+        first,
+        messages,
+        parse=lambda text: parse_answer(text, schema),
+        reprompt=answer_reprompt,
+        again=lambda retry: ask(retry, ()),
+        merge=combined,
+        invalid=lambda invalid, attempt, why, final: _invalid(telemetry, invalid, attempt, why, final),
+    )
     if value is not None:
-        return replace(first, value=value)
-    _invalid(telemetry, first, 1, error or "invalid answer")
-    echoed = (first.text or "")[:MAX_ECHO_CHARS]  # a huge bad reply is not worth paying for twice
-    retry = (*messages, Message("assistant", echoed), Message("user", answer_reprompt(error or "invalid")))
-    second = combined(first, await ask(retry, ()))
-    if not second.ok:
-        return second
-    value, error = parse_answer(second.text or "", schema)
-    if value is not None:
-        return replace(second, value=value)
-    _invalid(telemetry, second, 2, error or "invalid answer", final=True)
+        return replace(answer, value=value)
+    if not answer.ok:
+        return answer
     message = f"no valid answer after a re-prompt: {error}"
-    return replace(second, status="invalid_answer", error={"code": "invalid_answer", "message": message})
+    return replace(answer, status="invalid_answer", error={"code": "invalid_answer", "message": message})
 
 
-def _invalid(telemetry: Telemetry, answer: Answer, attempt: int, error: str, *, final: bool = False) -> None:
+def _invalid(telemetry: Telemetry, answer: Answer, attempt: int, error: str, final: bool) -> None:
     fields: dict[str, Any] = {"provider": answer.provider, "attempt": attempt, "error": error}
     if final:
         fields["final"] = True

@@ -23,11 +23,14 @@ import contextlib
 import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import aiohttp
 import anyio
 import httpx
+
+if TYPE_CHECKING:
+    from aiohttp.client import _RequestContextManager
 
 TransportFailure = Literal["timeout", "connection_error", "connection_dropped"]
 # Response headers, looked up without regard to case. aiohttp decodes them as UTF-8 with
@@ -121,19 +124,9 @@ class AiohttpTransport:
         read: float | None = None,
         server_hostname: str | None = None,
     ) -> tuple[int, ResponseHeaders, bytes]:
-        session = self._session or self._open()
         timeout = _timeout(total, connect, read)
         try:
-            async with session.request(
-                method,
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                compress=None,
-                timeout=timeout,
-                server_hostname=server_hostname,
-            ) as response:
+            async with self._request(method, url, headers, body, timeout, server_hostname) as response:
                 return response.status, response.headers, await response.read()
         except aiohttp.ClientError as exc:
             raise _transport_error(exc) from exc
@@ -150,24 +143,38 @@ class AiohttpTransport:
         read: float | None = None,
         server_hostname: str | None = None,
     ) -> AsyncIterator[Streamed]:
-        session = self._session or self._open()
+        timeout = _timeout(None, connect, read)
         try:
-            response = await session.request(
-                method,
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                compress=None,
-                timeout=_timeout(None, connect, read),
-                server_hostname=server_hostname,
-            )
+            response = await self._request(method, url, headers, body, timeout, server_hostname)
         except aiohttp.ClientError as exc:
             raise _transport_error(exc) from exc
         try:
             yield _AiohttpStreamed(response)
         finally:
             response.release()  # back to the pool when read to the end, otherwise closed
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        headers: RequestHeaders,
+        body: bytes,
+        timeout: aiohttp.ClientTimeout,
+        server_hostname: str | None,
+    ) -> _RequestContextManager:
+        """The request as aiohttp makes it (awaited, or entered as a context): never a redirect
+        followed, never a body compressed."""
+        session = self._session or self._open()
+        return session.request(
+            method,
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            compress=None,
+            timeout=timeout,
+            server_hostname=server_hostname,
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:
