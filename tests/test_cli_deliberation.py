@@ -328,6 +328,28 @@ def test_coordinate_readable_output_shows_the_debate_and_the_synthesis_answer(
     assert "per role:" in out and "synthesizer: 1 call" in out
 
 
+def test_coordinate_with_choices_shows_the_value_the_synthesizer_decided(workdir: Path, panel: Panel) -> None:
+    script_debate(panel)
+    decided = {**SYNTHESIS, "value": {"choice": "Kafka", "reason": "replay"}}
+    panel.script(
+        "m-beta",
+        {
+            "rules": [
+                {"contains": "Write the final answer to the task", "reply": {"text": json.dumps(decided)}},
+                {"contains": "Review this proposal", "reply": {"text": json.dumps(CRITIQUE)}},
+            ]
+        },
+    )
+    result = conclave("coordinate", "Which queue?", "--choices", "SQS,Kafka", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  decided:\n    choice: Kafka\n    reason: replay" in result.stdout
+
+    as_json = conclave("coordinate", "Which queue?", "--choices", "SQS,Kafka", "--json", cwd=workdir)
+    output = json.loads(as_json.stdout)
+    assert first_error("coordinate.output.json", output) is None
+    assert output["synthesis"]["value"] == {"choice": "Kafka", "reason": "replay"}
+
+
 def test_coordinate_names_the_synthesizer_that_stood_in(workdir: Path, panel: Panel) -> None:
     script_debate(panel)
     result = conclave("coordinate", "t", "--synthesizer", "gamma", cwd=workdir)

@@ -13,6 +13,7 @@ import pytest
 from conclave.app.runtime import Runtime, open_runtime
 from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.coordinate import coordinate
+from conclave.schema.answer_schema import answer_errors, choices_schema
 from conclave.schema.config import Config
 from conclave.schema.schemas import first_error
 from tests.support import read_events
@@ -323,3 +324,39 @@ async def test_the_transcript_holds_every_role_and_hop(
     assert transcript["result"] == result
     hops = sorted((h["role"], h["provider"]) for h in transcript["hops"])
     assert hops == [("critic", "beta"), ("critic", "gamma"), ("proposer", "prop"), ("synthesizer", "synth")]
+
+
+def native_schema(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The schema a request asks its wire to hold the reply to, where each wire puts it."""
+    if kind == "openai":
+        return body["response_format"]["json_schema"]["schema"]  # type: ignore[no-any-return]
+    if kind == "anthropic":
+        return body["output_config"]["format"]["schema"]  # type: ignore[no-any-return]
+    return body["generationConfig"]["responseJsonSchema"]  # type: ignore[no-any-return]
+
+
+async def test_with_an_answer_schema_each_wires_synthesizer_is_held_to_it_and_decides_a_value(
+    make_config: Callable[..., Config], panel: SimPanel, tmp_path: Path
+) -> None:
+    """Unscripted simulated models on every wire: the synthesizer's request carries its envelope
+    with a required `value` that is the answer schema, natively, and the value it returns is valid."""
+    kinds = ("openai", "anthropic", "gemini")
+    providers = {
+        f"{role}-{kind}": {"kind": kind, "model": f"m-{role}-{kind}", "base_url": panel.base_url(kind)}
+        for role in ("u", "s")
+        for kind in kinds
+    }
+    roles = {"proposer": "u-openai", "critics": ["u-anthropic", "u-gemini"], "synthesizer": "s-openai"}
+    config = make_config(providers, retry={"max_attempts": 1}, roles=roles)
+    schema = choices_schema(["SQS", "Kafka"])
+    async with open_runtime(config) as rt:
+        for kind in kinds:
+            result = await run(rt, answer_schema=schema, synthesizer=f"s-{kind}")
+            (asked,) = [r for r in panel.received if r.model == f"m-s-{kind}"]
+            held = native_schema(kind, asked.body)
+            assert "value" in held["required"] and {"answer", "confidence"} <= set(held["required"]), kind
+            assert held["properties"]["value"]["properties"]["choice"]["enum"] == ["SQS", "Kafka"], kind
+            synthesis = result["synthesis"]
+            assert synthesis["provider"] == f"s-{kind}" and synthesis["attempts"] == 1, kind
+            assert answer_errors(schema, synthesis["value"]) == [], kind
+            assert not result["degraded"], kind

@@ -24,7 +24,6 @@ from tests.server_support import SERVE, panel_config  # noqa: E402
 pytestmark = pytest.mark.anyio
 
 
-
 @pytest.fixture
 async def session(panel: SimPanel, tmp_path: Path) -> AsyncIterator[ClientSession]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
@@ -103,6 +102,33 @@ async def test_the_sdk_calls_coordinate_fetch_verify_and_list_providers(
     listed = {p["name"]: p for p in providers.structuredContent["providers"]}
     assert [name for name, p in listed.items() if p["in_panel"]] == ["alpha", "beta", "gamma"]
     assert "openai" in listed, "the presets stay defined under a config of one's own"
+
+
+async def test_the_sdk_calls_coordinate_with_an_answer_schema_and_reads_the_decided_value(
+    session: ClientSession, panel: SimPanel
+) -> None:
+    """The SDK checks structuredContent against the published outputSchema; the text content, what
+    a model reading the result sees, shows the value the synthesizer decided."""
+    tools = {t.name: t for t in (await session.list_tools()).tools}
+    assert tools["coordinate"].inputSchema["properties"]["answer_schema"]["type"] == "object"
+    proposal = '{"proposal": "Kafka.", "rationale": "Replay."}'
+    critique = '{"verdict": "accept", "issues": []}'
+    synthesis = '{"answer": "Kafka.", "confidence": 0.9, "value": {"choice": "Kafka", "reason": "replay"}}'
+    panel.set_scenario("m-alpha", Scenario(replies=(Reply(text=proposal),)))
+    panel.set_scenario("m-gamma", Scenario(replies=(Reply(text=critique),)))
+    panel.set_scenario("m-beta", Scenario(replies=(Reply(text=critique), Reply(text=synthesis))))
+    schema = {
+        "type": "object",
+        "properties": {"choice": {"type": "string", "enum": ["SQS", "Kafka"]}, "reason": {"type": "string"}},
+        "required": ["choice", "reason"],
+        "additionalProperties": False,
+    }
+    debate = await session.call_tool("coordinate", {"task": "Which queue?", "answer_schema": schema})
+    assert debate.isError is False and debate.structuredContent is not None
+    assert debate.structuredContent["synthesis"]["value"] == {"choice": "Kafka", "reason": "replay"}
+    text = debate.content[0]
+    assert isinstance(text, types.TextContent)
+    assert 'decided: {"choice":"Kafka","reason":"replay"}' in text.text
 
 
 async def test_bad_arguments_are_is_error_and_an_unknown_tool_is_an_error(session: ClientSession) -> None:

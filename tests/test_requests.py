@@ -30,6 +30,7 @@ EVERY_OPTION = {
         "coordinate",
         "Design it.",
         *("--proposer", "a", "--critics", "b,c", "--synthesizer", "d", "--rounds", "2", "--all-rounds"),
+        *("--choices", "SQS,Kafka"),
     ],
 }
 CALL_OPTIONS = [

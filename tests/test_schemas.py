@@ -83,10 +83,10 @@ def test_each_schema_is_named_by_its_path_and_each_of_its_refs_resolves(path: Pa
 
 
 def test_what_is_used_whole_elsewhere_names_no_other_file() -> None:
-    """A role envelope schema is embedded whole in its role's prompt (deliberation/roles.py), and
-    a tool's input schema is published as written: neither may lean on another file."""
+    """A role envelope schema is embedded whole in its role's prompt (deliberation/roles.py): it
+    may not lean on another file. (A tool's schemas are published with every `$ref` inlined.)"""
     for path in SCHEMAS:
-        if rel(path).startswith("roles/") or rel(path).endswith(".input.json"):
+        if rel(path).startswith("roles/"):
             leaving = [
                 w for w, uri in refs(load_schema(rel(path)), schema_uri(rel(path))) if not w.startswith("#")
             ]
@@ -139,6 +139,17 @@ def test_tools_list_publishes_self_contained_schemas(tool: Any) -> None:
     jsonschema.Draft202012Validator.check_schema(listed["outputSchema"])
 
 
+def test_confer_and_coordinate_share_one_answer_schema() -> None:
+    """Written once in defs/, named by both tools' inputs, published inlined in each."""
+    for tool in ("confer", "coordinate"):
+        assert load_schema(f"{tool}.input.json")["properties"]["answer_schema"] == {
+            "$ref": "defs/answer_schema.json"
+        }
+        published = describe(next(t for t in TOOLS if t.name == tool))["inputSchema"]
+        assert published["properties"]["answer_schema"]["type"] == "object"
+        assert "portable keywords" in published["properties"]["answer_schema"]["description"]
+
+
 def test_inlining_keeps_what_a_schema_accepts() -> None:
     """A refinement beside a `$ref` is merged into its target: coordinate's plan names only
     debate roles, a fallback only a debate role or none; a usage requires every count."""
@@ -174,7 +185,9 @@ def test_a_refinement_is_merged_only_where_that_is_exact() -> None:
     assert _merge({"minimum": 0}, {"minimum": 1}) is None
 
 
-@pytest.mark.parametrize("relative", [rel(p) for p in SCHEMAS if rel(p).endswith(".output.json")])
+@pytest.mark.parametrize(
+    "relative", [rel(p) for p in SCHEMAS if rel(p).endswith((".output.json", ".input.json"))]
+)
 def test_the_published_form_accepts_what_the_file_accepts(relative: str) -> None:
     """`tools/list`'s self-contained schema and the file with its `$ref`s, on the same values."""
     published = type(validator(relative))(dereferenced(relative))

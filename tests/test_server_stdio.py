@@ -365,22 +365,27 @@ async def test_tools_call_confer_with_an_answer_schema_returns_the_vote_as_its_s
     assert [a["value"]["choice"] for a in result["answers"]] == ["SQS", "SQS", "Kafka"]
     assert result["vote"]["consensus"] == {"choice": "SQS"}
     text = reply["result"]["content"][0]["text"]
-    assert '## vote — consensus {"choice":"SQS"}' in text and '- choice: "SQS" (2 of 3); dissent: gamma "Kafka"' in text
+    assert (
+        '## vote — consensus {"choice":"SQS"}' in text
+        and '- choice: "SQS" (2 of 3); dissent: gamma "Kafka"' in text
+    )
 
 
+@pytest.mark.parametrize(("tool", "asked"), [("confer", "question"), ("coordinate", "task")])
 async def test_an_answer_schema_outside_the_portable_subset_is_refused_naming_the_keyword(
-    server: StdioServer,
+    server: StdioServer, panel: SimPanel, tool: str, asked: str
 ) -> None:
     schema = {"type": "object", "properties": {"pick": {"type": "string", "pattern": "^[AB]$"}}}
-    invalid = await server.request("confer", {"question": "Which?", "answer_schema": schema})
+    invalid = await server.request(tool, {asked: "Which?", "answer_schema": schema})
     assert invalid["error"]["code"] == -32602
     assert invalid["error"]["data"]["path"] == "$.answer_schema.properties.pick"
     assert "'pattern'" in invalid["error"]["data"]["message"]
     await initialize(server)
     called = await server.request(
-        "tools/call", {"name": "confer", "arguments": {"question": "Which?", "answer_schema": schema}}
+        "tools/call", {"name": tool, "arguments": {asked: "Which?", "answer_schema": schema}}
     )
     assert called["result"]["isError"] is True and "'pattern'" in called["result"]["content"][0]["text"]
+    assert panel.received == [], "refused before any call"
 
 
 async def test_ping_is_answered_during_a_long_call_and_cancel_stops_it_with_no_reply(

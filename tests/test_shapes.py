@@ -188,6 +188,9 @@ async def _produce(tmp: Path) -> list[Produced]:
                 worker_tool_cost_cap_mode="warn",
             )
             out += _records(debate, "debate")
+            shaped = await c.coordinate("Pick a queue.", answer_schema=choices_schema(["SQS", "Kafka"]))
+            assert shaped.synthesis is not None and shaped.synthesis.value is not None
+            out += _records(shaped, "structured debate")
 
             # a critic that never answers with an envelope, and a synthesizer replaced
             panel.set_scenario("sim-gemini", Scenario(rules=(Rule(CRITIC_ASK, Reply(text="No JSON here.")),)))

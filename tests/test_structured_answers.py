@@ -1,8 +1,9 @@
 """Structured answers and the vote through `confer` (docs/tools.md#structured-answers-and-the-vote):
 members held to the caller's `answer_schema` (on the wire and in the prompt), a reply that is not
 valid re-prompted once with the validator's errors and then `invalid_answer`, the vote over the
-valid ones, its event, and the door refusing what the schema may not hold. Members are OpenAI-wire
-providers over the in-memory transport, each answering as its handler says."""
+valid ones, its event, and the door refusing what the schema may not hold; then `coordinate`'s
+synthesizer deciding a `value` valid against the same schema. Members are OpenAI-wire providers
+over the in-memory transport, each answering as its handler says."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import conclave
 from conclave.net.http import MemoryTransport
 from conclave.schema.answer_schema import choices_schema
 from conclave.schema.config import Config
+from conclave.schema.schemas import first_error
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio
@@ -63,8 +65,8 @@ def reprompted(messages: list[dict[str, Any]]) -> bool:
 
 
 @pytest.fixture
-def council(make_config: Callable[..., Config]) -> Callable[[Panel], Any]:
-    def open_for(panel: Panel) -> Any:
+def council(make_config: Callable[..., Config]) -> Callable[..., Any]:
+    def open_for(panel: Panel, **sections: Any) -> Any:
         providers = {
             name: {
                 "kind": "openai",
@@ -74,7 +76,7 @@ def council(make_config: Callable[..., Config]) -> Callable[[Panel], Any]:
             }
             for name in panel.replies
         }
-        config = make_config(providers, env={"K": "sk-test"})
+        config = make_config(providers, env={"K": "sk-test"}, **sections)
         return conclave.Conclave(config, transport=MemoryTransport(panel))
 
     return open_for
@@ -328,3 +330,127 @@ async def test_a_dry_run_bounds_the_re_prompt_of_each_structured_answer(
         shaped = (await client.confer("Which queue?", answer_schema=CHOICES, dry_run=True)).to_dict()["plan"]
     assert panel.sent == []
     assert shaped["max_calls"] == 2 * plain["max_calls"]
+
+
+# ---------------------------------------------------------------- coordinate: the synthesizer's value
+
+DEBATE = {"proposer": "p", "critics": ["c"], "synthesizer": "s", "synthesizer_fallbacks": []}
+
+
+def debater(synthesis: Reply) -> Reply:
+    """A proposer, a critic that accepts, and a synthesizer answering (and re-answering) as told."""
+
+    def reply(messages: list[dict[str, Any]]) -> str:
+        asked = str(messages[-1]["content"])
+        if "Review this proposal" in asked:
+            return json.dumps(ACCEPT)
+        if "Write your proposal" in asked:
+            return json.dumps(PROPOSAL)
+        return synthesis(messages)
+
+    return reply
+
+
+async def test_a_coordinate_synthesizer_decides_a_value_held_to_the_answer_schema(
+    council: Callable[..., Any],
+) -> None:
+    decided = {"choice": "Kafka", "reason": "replay"}
+    synthesis = debater(says({**FINAL, "value": decided}))
+    panel = Panel({"p": synthesis, "c": synthesis, "s": synthesis})
+    async with council(panel, roles=DEBATE) as client:
+        result = await client.coordinate("Pick a queue.", answer_schema=CHOICES)
+        plain = (await client.coordinate("Pick a queue.")).to_dict()
+    assert result.synthesis is not None and result.synthesis.value == decided, "the Python API's path"
+    out = result.to_dict()
+    assert first_error("coordinate.output.json", out) is None
+    assert out["synthesis"]["value"] == decided and not out["degraded"]
+    assert "value" not in plain["synthesis"], "a debate asked for no value has none"
+
+    asked = panel.bodies_of("s")[0]
+    wire = asked["response_format"]["json_schema"]["schema"]
+    assert "value" in wire["required"] and wire["properties"]["value"] == CHOICES, "held natively"
+    assert {"answer", "confidence"} <= set(wire["required"]), "the synthesizer's envelope still"
+    prompt = asked["messages"][-1]["content"]
+    assert 'Include "value"' in prompt and '"enum"' in prompt, "and told in the prompt"
+    assert prompt.rstrip().endswith("Reply with only the synthesizer JSON object."), "the ask still last"
+
+    proposer = panel.bodies_of("p")[0]
+    assert '"RabbitMQ"' in proposer["messages"][-1]["content"], "the proposer is shown the answer's shape"
+    assert "value" not in proposer["response_format"]["json_schema"]["schema"]["properties"]
+
+
+@pytest.mark.parametrize("forgets", [True, False], ids=["missing", "invalid"])
+async def test_a_coordinate_synthesis_without_a_valid_value_is_asked_again_once_then_degraded(
+    council: Callable[..., Any], forgets: bool
+) -> None:
+    wrong = {**FINAL} if forgets else {**FINAL, "value": {"choice": "Redis", "reason": "fast"}}
+    synthesis = debater(says(wrong))
+    panel = Panel({"p": synthesis, "c": synthesis, "s": synthesis})
+    async with council(panel, roles=DEBATE) as client:
+        result = await client.coordinate("Pick a queue.", answer_schema=CHOICES)
+    out = result.to_dict()
+    assert first_error("coordinate.output.json", out) is None
+
+    first, again = panel.bodies_of("s")  # asked once more, never a third time
+    retry = again["messages"]
+    assert retry[:-2] == first["messages"] and retry[-2]["content"] == json.dumps(wrong)
+    error = "$.value: the final answer" if forgets else "$.value.choice: 'Redis' is not one of"
+    assert error in retry[-1]["content"], "the validator's error goes back"
+    assert "response_format" in again, "still held to the schema natively"
+
+    assert result.synthesis is not None and result.synthesis.value is None
+    synthesis_out = out["synthesis"]
+    assert (synthesis_out["status"], synthesis_out["value"], synthesis_out["attempts"]) == (
+        "invalid_envelope",
+        None,
+        2,
+    )
+    assert synthesis_out["text"] == json.dumps(wrong), "the raw reply is kept"
+    assert error in synthesis_out["error"]["message"], "the reason says what was wrong with the value"
+    assert out["degraded"] and out["degraded_reasons"] == [
+        {"provider": "s", "role": "synthesizer", "status": "invalid_envelope", "code": "invalid_envelope"}
+    ]
+    assert out["proposal"]["envelope"] == PROPOSAL, "the debate itself is intact"
+
+
+async def test_a_coordinate_synthesizer_that_fails_the_value_is_replaced_by_a_fallback(
+    council: Callable[..., Any],
+) -> None:
+    forgets = debater(says(FINAL))
+    decides = debater(says({**FINAL, "value": {"choice": "SQS", "reason": "managed"}}))
+    panel = Panel({"p": forgets, "c": forgets, "s": forgets, "s2": decides})
+    roles = {**DEBATE, "synthesizer_fallbacks": ["s2"]}
+    async with council(panel, roles=roles) as client:
+        out = (await client.coordinate("Pick a queue.", answer_schema=CHOICES)).to_dict()
+    assert out["synthesis"]["provider"] == "s2" and out["synthesis"]["value"]["choice"] == "SQS"
+    assert out["synthesis"]["fallback_from"]["status"] == "invalid_envelope"
+    assert "synthesizer_fallback" in out["warnings"] and not out["degraded"]
+
+
+async def test_coordinate_refuses_an_answer_schema_outside_the_subset_before_any_call(
+    council: Callable[..., Any],
+) -> None:
+    panel = Panel({"p": says({}), "c": says({}), "s": says({})})
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}}
+    async with council(panel, roles=DEBATE) as client:
+        with pytest.raises(conclave.InvalidArguments) as info:
+            await client.coordinate("Pick.", answer_schema=schema)
+    assert (info.value.path, info.value.tool) == ("$.answer_schema.properties.x", "coordinate")
+    assert "'pattern'" in info.value.message
+    assert panel.sent == [], "refused before any call"
+
+
+async def test_a_coordinate_dry_run_bounds_the_synthesizers_re_ask_and_the_schema_it_is_shown(
+    council: Callable[..., Any],
+) -> None:
+    panel = Panel({"p": says({}), "c": says({}), "s": says({})})
+    async with council(panel, roles=DEBATE) as client:
+        plain = (await client.coordinate("Pick.", dry_run=True)).to_dict()["plan"]
+        shaped = (await client.coordinate("Pick.", answer_schema=CHOICES, dry_run=True)).to_dict()["plan"]
+    assert panel.sent == []
+    synthesizer = next(c for c in shaped["calls"] if c["role"] == "synthesizer")
+    assert synthesizer["max_calls"] == 2, "the re-ask for a missing or invalid value is counted"
+    by_role = {c["role"]: c["max_input_tokens"] for c in plain["calls"]}
+    for call in shaped["calls"]:
+        grows = call["role"] in ("proposer", "synthesizer")  # shown the schema; the critic is not
+        assert (call["max_input_tokens"] > by_role[call["role"]]) is grows, call["role"]

@@ -113,10 +113,14 @@ class Conclave:
         worker_tool_cost_cap_mode: CostCapMode | None = None,
         worker_tool_mode: WorkerToolMode | None = None,
         stop_when_converged: bool | None = None,
+        answer_schema: Mapping[str, Any] | None = None,
         progress: ProgressSink | None = None,
     ) -> CoordinateResult:
         """Run a proposer -> critics -> synthesizer debate on `task`, stopping early (unless
-        `stop_when_converged` is False) once every critic accepts."""
+        `stop_when_converged` is False) once every critic accepts. With `answer_schema`, the
+        synthesizer also decides the answer as an object valid against it:
+        `result.synthesis.value` (None when no synthesizer gave a valid one; the result is then
+        degraded)."""
         args = _arguments("coordinate", locals())
         return await _coordinate(self._open(), args, progress=progress)
 

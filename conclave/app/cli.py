@@ -180,18 +180,7 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--review", action="store_true", help="then each member ranks the others' answers, blind"
     )
     confer.add_argument("--synthesize", action="store_true", help="then a chair writes the final answer")
-    shaped = confer.add_mutually_exclusive_group()
-    shaped.add_argument(
-        "--choices", metavar="A,B,C", help="each member picks one (and says why); the result votes"
-    )
-    shaped.add_argument(
-        "--number", action="store_true", help="each member answers a number; the result votes"
-    )
-    shaped.add_argument(
-        "--answer-schema",
-        metavar="FILE|JSON",
-        help="each member answers a JSON object valid against this JSON Schema; the result votes",
-    )
+    _add_answer_schema(confer, "each member", "; the result votes")
     confer.add_argument(
         "--vote-fields", metavar="A,B", help="answer fields to vote on besides booleans, numbers, enums"
     )
@@ -216,8 +205,21 @@ def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run every round even after all critics accept (default: stop once they do)",
     )
+    _add_answer_schema(coordinate, "the synthesizer", " as well as its answer")
     _add_call_options(coordinate)
     coordinate.set_defaults(handler=cmd_coordinate)
+
+
+def _add_answer_schema(parser: argparse.ArgumentParser, who: str, then: str) -> None:
+    """`--choices`, `--number` or `--answer-schema`: the `answer_schema` argument (`_answer_schema`)."""
+    shaped = parser.add_mutually_exclusive_group()
+    shaped.add_argument("--choices", metavar="A,B,C", help=f"{who} picks one (and says why){then}")
+    shaped.add_argument("--number", action="store_true", help=f"{who} answers a number{then}")
+    shaped.add_argument(
+        "--answer-schema",
+        metavar="FILE|JSON",
+        help=f"{who} answers a JSON object valid against this JSON Schema{then}",
+    )
 
 
 def _add_call_options(parser: argparse.ArgumentParser) -> None:
@@ -663,6 +665,9 @@ def _coordinate_args(args: argparse.Namespace) -> dict[str, Any]:
         tool_args["critics"] = _names(args.critics)
     if args.all_rounds:
         tool_args["stop_when_converged"] = False
+    schema = _answer_schema(args)
+    if schema is not None:
+        tool_args["answer_schema"] = schema
     return tool_args
 
 

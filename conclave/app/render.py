@@ -432,7 +432,7 @@ def _synthesis_block(synthesis: Mapping[str, Any] | None, style: Style) -> list[
     envelope = synthesis.get("envelope")
     if envelope:
         lines += _indent(str(envelope.get("answer", "")))
-        if synthesis.get("value") is not None:  # the chair's decision, as the answer schema asked
+        if synthesis.get("value") is not None:  # the decision, as the answer schema asked
             lines += ["  decided:", *(f"    {key}: {_shown(v)}" for key, v in synthesis["value"].items())]
         lines += _bullets("resolved", envelope.get("resolved")) + _bullets("dissent", envelope.get("dissent"))
         lines += _confidence(envelope)

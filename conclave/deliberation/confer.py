@@ -35,7 +35,6 @@ from conclave.deliberation.results import (
 from conclave.deliberation.roles import (
     answer_instruction,
     chair_prompt,
-    chair_wire_schema,
     member_system,
     reviewer_prompt,
     shared_system,
@@ -52,7 +51,7 @@ from conclave.deliberation.session import (
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.deliberation.structured import structured_answer
 from conclave.deliberation.vote import FieldVote, Vote, tally
-from conclave.schema.answer_schema import answer_errors, check_answer_schema
+from conclave.schema.answer_schema import check_answer_schema
 
 
 async def confer(
@@ -291,14 +290,6 @@ class _Vote:
         board.vote = vote
 
 
-def _value_problem(envelope: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
-    """What is wrong with the chair's `value`, which a structured confer's synthesis must hold."""
-    if "value" not in envelope:
-        return "$.value: the final answer as an object valid against the answer schema is missing"
-    errors = answer_errors(schema, envelope["value"])
-    return "; ".join(f"$.value{e[1:]}" for e in errors) if errors else None
-
-
 def _counted(field: FieldVote) -> dict[str, Any]:
     """A voted field as the event log keeps it: the counts, never the values."""
     return {
@@ -437,15 +428,7 @@ class _Chair:
             ]
             answers_seen = [(label, text_of[who]) for label, who in seating]
             prompt = chair_prompt(answers_seen, ranked, (schema, counts))
-            synthesis = await self.turns.synthesize(
-                self.chain,
-                prompt,
-                1,
-                check=lambda envelope: _value_problem(envelope, schema),
-                schema=chair_wire_schema(schema),
-            )
-            if synthesis.envelope is not None:
-                synthesis = replace(synthesis, value=synthesis.envelope["value"])
+            synthesis = await self.turns.synthesize(self.chain, prompt, 1, answer_schema=schema)
         self.session.runtime.telemetry.emit(
             "synthesis",
             provider=synthesis.provider,

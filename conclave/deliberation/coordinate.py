@@ -33,6 +33,7 @@ from conclave.deliberation.roles import (
 )
 from conclave.deliberation.session import ProgressSink, Runtime, Session, merged_warnings, run_session
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
+from conclave.schema.answer_schema import check_answer_schema
 from conclave.schema.config import RolesConfig
 
 TOOL_ROLES = ("proposer", "critic")
@@ -45,6 +46,8 @@ async def coordinate(
     """Run the debate on `task`; `args` are coordinate's arguments, already valid against
     `schemas/coordinate.input.json`, or the request built from them."""
     request = args if isinstance(args, CoordinateRequest) else request_from(CoordinateRequest, args)
+    if request.answer_schema is not None:  # held to the portable subset, as confer's is
+        check_answer_schema(request.answer_schema, tool="coordinate")
     session = Session(runtime, "coordinate", request, progress)
     return await run_session(session, _Debate(session, request))
 
@@ -71,6 +74,7 @@ class _Debate:
         self.cast = _Cast.of(request, session.runtime.config.roles)
         self.rounds = request.rounds
         self.stop_when_converged = request.stop_when_converged
+        self.answer_schema = request.answer_schema  # the synthesis decides a value valid against it
         self.turns = RoleTurns(session, shared_system(self.task, self.context))
         self.stages: list[Stage] = [_Rounds(self), _Synthesis(self)]
         self.turns.planned = pipeline.planned_calls(self.stages)
@@ -99,12 +103,25 @@ class _Debate:
         base = len((self.task + (self.context or "")).encode("utf-8")) + embedded + 2 * session.max_tokens
         tools = session.tools.accepted if role in TOOL_ROLES else ()
         system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
-        shape = session.turn_shape(base + len(system.encode("utf-8")), tools_on=bool(tools))
+        asked = base + len(system.encode("utf-8")) + self._schema_bytes(role)
+        shape = session.turn_shape(asked, tools_on=bool(tools))
         shared = len(self.turns.shared.encode("utf-8"))
         return [
             session.planned_call(name, shape, repeats=2 * repeats, role=role, shared_bytes=shared)
             for name in names
         ]
+
+    def _schema_bytes(self, role: Role) -> int:
+        """What the answer schema adds to a role's prompt: the proposer is shown the answer's
+        shape, the synthesizer what its `value` must be."""
+        schema = self.answer_schema
+        if schema is None or role == "critic":
+            return 0
+        if role == "proposer":
+            told, plain = proposer_prompt(answer_schema=schema), proposer_prompt()
+        else:
+            told, plain = synthesizer_prompt(None, [], schema), synthesizer_prompt(None, [])
+        return len(told.encode("utf-8")) - len(plain.encode("utf-8"))
 
     # -- the result ------------------------------------------------------------------------------------
 
@@ -129,6 +146,7 @@ class _Debate:
             warnings=warnings,
             worker_tools=self._tool_use(),
             converged=bool(rounds) and _converged(rounds[-1]),
+            structured=self.answer_schema is not None,
         )
 
     def _missing_roles(
@@ -188,6 +206,7 @@ class _Debate:
             warnings=(),
             worker_tools=self._tool_use(),
             plan=summarize(pipeline.bounds(self.stages), rounds=self.rounds, note=note),
+            structured=self.answer_schema is not None,
         )
 
     def transcript(self, result: CoordinateResult) -> dict[str, Any]:
@@ -252,11 +271,14 @@ class _Rounds:
                 return  # every critic accepts: more rounds would only cost
 
     async def _propose(self, number: int, previous: Round | None) -> RoleAnswer:
+        schema = self.debate.answer_schema
         if previous is None:
-            prompt = proposer_prompt()
+            prompt = proposer_prompt(answer_schema=schema)
         else:
             critiques = [_critique_view(c) for c in previous.critiques]
-            prompt = proposer_prompt(previous=previous.proposal.envelope, critiques=critiques)
+            prompt = proposer_prompt(
+                previous=previous.proposal.envelope, critiques=critiques, answer_schema=schema
+            )
         return await self._role("proposer", self.cast.proposer, prompt, number)
 
     async def _critique(self, number: int, proposal: Mapping[str, Any]) -> tuple[RoleAnswer, ...]:
@@ -278,7 +300,9 @@ class _Rounds:
 class _Synthesis:
     """The synthesizer writes the final answer from the last round's proposal and critiques,
     falling back along its chain; never with tools. Nothing to synthesize when the debate ended
-    without a valid proposal."""
+    without a valid proposal. With an answer schema, it also decides the answer's `value`, held to
+    the schema natively and re-prompted once when missing or invalid (as `confer`'s chair); a
+    synthesizer that still gives none is a failed one, and the next in the chain is asked."""
 
     def __init__(self, debate: _Debate) -> None:
         self.debate, self.turns, self.cast = debate, debate.turns, debate.cast
@@ -294,5 +318,8 @@ class _Synthesis:
         if last is None or last.proposal.envelope is None:
             return
         critiques = [_critique_view(c) for c in last.critiques]
-        prompt = synthesizer_prompt(last.proposal.envelope, critiques)
-        board.synthesis = await self.turns.synthesize(self.cast.synthesizers, prompt, last.number)
+        schema = self.debate.answer_schema
+        prompt = synthesizer_prompt(last.proposal.envelope, critiques, schema)
+        board.synthesis = await self.turns.synthesize(
+            self.cast.synthesizers, prompt, last.number, answer_schema=schema
+        )

@@ -37,6 +37,7 @@ class CallRequest:
     worker_tool_cost_cap_usd: float | None = None
     worker_tool_cost_cap_mode: CostCapMode | None = None
     worker_tool_mode: WorkerToolMode | None = None
+    answer_schema: Mapping[str, Any] | None = None  # the answer as an object valid against it
     arguments: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -47,7 +48,6 @@ class ConferRequest(CallRequest):
     providers: tuple[str, ...] = ()
     review: bool = False
     synthesize: bool = False
-    answer_schema: Mapping[str, Any] | None = None
     vote_fields: tuple[str, ...] = ()
     tolerance: float = 0.0
 

@@ -335,7 +335,8 @@ class ConferResult(_Result):
 
 @record(kw_only=True)
 class CoordinateResult(_Result):
-    """`coordinate`'s result: every round, the final round's proposal and critiques, the synthesis."""
+    """`coordinate`'s result: every round, the final round's proposal and critiques, the synthesis
+    (asked with an answer schema, `synthesis.value` is the decided answer, else None)."""
 
     rounds: tuple[Round, ...]
     proposal: RoleAnswer | None
@@ -343,6 +344,7 @@ class CoordinateResult(_Result):
     synthesis: RoleAnswer | None
     per_role: Mapping[str, Totals]
     converged: bool = False  # the last round ran had every critic accept
+    structured: bool = False  # asked with an answer_schema: the synthesis has its `value`
 
     def to_dict(self) -> dict[str, Any]:
         tools_on = self.tools_on
@@ -353,7 +355,9 @@ class CoordinateResult(_Result):
             "rounds": [r.to_dict(tools_on=tools_on) for r in self.rounds],
             "proposal": self.proposal.to_dict(tools_on=tools_on) if self.proposal else None,
             "critiques": [c.to_dict(tools_on=tools_on) for c in self.critiques],
-            "synthesis": self.synthesis.to_dict(tools_on=False) if self.synthesis else None,
+            "synthesis": (
+                self.synthesis.to_dict(tools_on=False, structured=self.structured) if self.synthesis else None
+            ),
             "usage": usage,
             "per_role": {role: totals.to_dict() for role, totals in self.per_role.items()},
             **({} if self.dry_run else {"rounds_run": len(self.rounds), "converged": self.converged}),

@@ -155,17 +155,23 @@ def _role_system(role: Role) -> str:
 
 
 def proposer_prompt(
-    *, previous: Mapping[str, Any] | None = None, critiques: Sequence[Mapping[str, Any]] = ()
+    *,
+    previous: Mapping[str, Any] | None = None,
+    critiques: Sequence[Mapping[str, Any]] = (),
+    answer_schema: Mapping[str, Any] | None = None,
 ) -> str:
     """Round 1 (no `previous`): the ask alone (the task is in the system prompt). Later rounds:
     the previous proposal envelope and the critiques of it, asking for a complete revised
-    proposal with `revision_notes`."""
+    proposal with `revision_notes`. With an `answer_schema`, before the ask, the shape the
+    synthesizer's final answer will take, so that the proposal decides what it asks for."""
+    shape = "" if answer_schema is None else _fill("proposer_shape", schema=_fenced(dict(answer_schema)))
     if previous is None:
-        return _fill("proposer.user")
+        return _fill("proposer.user", shape=f"{shape}\n\n" if shape else "")
     return _fill(
         "proposer_revision.user",
         proposal=_fenced_model_output(previous),
         critiques=_fenced_model_output(_critiques(critiques)),
+        shape=f"\n{shape}\n" if shape else "",
     )
 
 
@@ -177,13 +183,27 @@ def critic_prompt(proposal: Mapping[str, Any], *, round_number: int) -> str:
     return _fill("critic.user", round_number=str(round_number), proposal=_fenced_model_output(proposal))
 
 
-def synthesizer_prompt(proposal: Mapping[str, Any] | None, critiques: Sequence[Mapping[str, Any]]) -> str:
-    """The final proposal (or a note that the proposer failed) and every final-round critique."""
+def synthesizer_prompt(
+    proposal: Mapping[str, Any] | None,
+    critiques: Sequence[Mapping[str, Any]],
+    answer_schema: Mapping[str, Any] | None = None,
+) -> str:
+    """The final proposal (or a note that the proposer failed) and every final-round critique;
+    with an `answer_schema`, what the synthesis's `value` must be."""
+    structured = ""
+    if answer_schema is not None:
+        structured = f"\n{_value_asked(answer_schema, 'the proposal, the critiques')}\n"
     return _fill(
         "synthesizer.user",
         proposal=_fill("no_proposal") if proposal is None else _fenced_model_output(proposal),
         critiques=_fenced_model_output(_critiques(critiques)),
+        structured=structured,
     )
+
+
+def _value_asked(answer_schema: Mapping[str, Any], basis: str) -> str:
+    """What a synthesis asked for a `value` is told: the schema, and what to decide it from."""
+    return _fill("synthesis_value", basis=basis, schema=_fenced(dict(answer_schema)))
 
 
 def reviewer_prompt(answers: Sequence[tuple[str, str]]) -> str:
@@ -207,9 +227,8 @@ def chair_prompt(
     asked = ""
     if structured is not None:
         schema, counts = structured
-        filled = _fill(
-            "chair_structured", vote=_fenced_model_output(list(counts)), schema=_fenced(dict(schema))
-        )
+        value = _value_asked(schema, "the answers, the vote")
+        filled = _fill("chair_structured", vote=_fenced_model_output(list(counts)), value=value)
         asked = f"\n\n{filled}"
     return _fill(
         "chair.user",
@@ -219,8 +238,9 @@ def chair_prompt(
     )
 
 
-def chair_wire_schema(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The synthesizer's envelope with `value` held to the call's answer schema."""
+def synthesizer_wire_schema(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The synthesizer's envelope with a required `value` held to the call's answer schema (a
+    `confer` chair's or a `coordinate` synthesizer's), for its provider to hold natively."""
     envelope, value = role_wire_schema("synthesizer"), portable(schema)
     if envelope is None or value is None:
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,9 +23,11 @@ from conclave.deliberation.roles import (
     parse_envelope,
     reprompt,
     role_wire_schema,
+    synthesizer_wire_schema,
     turn_system,
 )
 from conclave.deliberation.session import Session
+from conclave.schema.answer_schema import answer_errors
 from conclave.schema.config import RolesConfig
 
 # A check beyond the schema (a reviewer's ranking must hold exactly the labels it was shown):
@@ -88,16 +91,28 @@ class RoleTurns:
         prompt: str,
         number: int,
         *,
-        check: EnvelopeCheck | None = None,
-        schema: Mapping[str, Any] | None = None,
+        answer_schema: Mapping[str, Any] | None = None,
     ) -> RoleAnswer:
         """The first of `names` to deliver a synthesizer envelope, saying whom it replaced; the
-        last failure when none does. Never tools: the synthesizer reads, it does not fetch."""
+        last failure when none does. Never tools: the synthesizer reads, it does not fetch.
+
+        With an `answer_schema` (a structured `confer`'s chair, a structured `coordinate`'s
+        synthesizer), the envelope must also hold a `value` valid against it, held natively
+        where the provider can: a reply without one is re-prompted like any invalid envelope,
+        with the validator's errors, then the next of `names` is tried. The synthesis carries
+        its `value`."""
+        check: EnvelopeCheck | None = None
+        schema: Mapping[str, Any] | None = None
+        if answer_schema is not None:
+            check = partial(_value_problem, schema=answer_schema)
+            schema = synthesizer_wire_schema(answer_schema)
         failed: list[RoleAnswer] = []
         with anyio.CancelScope(deadline=self.session.deadline):
             for name in names:
                 answer = await self.ask("synthesizer", name, prompt, number, check=check, schema=schema)
                 if answer.envelope is not None:
+                    if answer_schema is not None:
+                        answer = replace(answer, value=answer.envelope["value"])
                     return _with_fallback(answer, failed)
                 failed.append(answer)
         if not failed:  # out of time before any synthesizer answered
@@ -218,6 +233,14 @@ class RoleTurns:
             final=final,
             text=answer.text,  # kept only when telemetry.include_content is on
         )
+
+
+def _value_problem(envelope: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
+    """What is wrong with a synthesis's `value`, which a structured call's synthesis must hold."""
+    if "value" not in envelope:
+        return "$.value: the final answer as an object valid against the answer schema is missing"
+    errors = answer_errors(schema, envelope["value"])
+    return "; ".join(f"$.value{e[1:]}" for e in errors) if errors else None
 
 
 def _parsed(role: Role, text: str, check: EnvelopeCheck | None) -> tuple[dict[str, Any] | None, str | None]:

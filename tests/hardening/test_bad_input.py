@@ -38,7 +38,7 @@ from conclave.app.server.core import Server
 from conclave.app.server.stdio import serve_lines
 from conclave.core.errors import ConfigError, InvalidArguments
 from conclave.schema.config import load_config
-from conclave.schema.schemas import MAX_MESSAGE_CHARS, first_error, load_schema
+from conclave.schema.schemas import MAX_MESSAGE_CHARS, dereferenced, first_error
 from tests.hardening.figures import record
 from tests.server_support import StdioServer, start_server
 
@@ -94,7 +94,7 @@ def schema_cases() -> list[Case]:
     one character over `maxLength`; each required field missing; one extra field."""
     cases: list[Case] = []
     for tool in TOOLS:
-        schema = load_schema(f"{tool}.input.json")
+        schema = dereferenced(f"{tool}.input.json")  # a shared shape (answer_schema) inlined
         for name, prop in schema.get("properties", {}).items():
             kind = prop.get("type")
             if isinstance(kind, str):

@@ -73,8 +73,7 @@ def render_confer(result: Mapping[str, Any]) -> str:
     synthesis = result.get("synthesis") or {}
     if synthesis.get("envelope"):
         lines.append(f"\n## synthesis by {synthesis['provider']}\n{synthesis['envelope'].get('answer')}")
-        if synthesis.get("value") is not None:
-            lines.append("decided: " + orjson.dumps(synthesis["value"]).decode())
+        lines += _decided(synthesis)
     if result.get("plan"):
         lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
     return "\n".join(lines)
@@ -110,6 +109,7 @@ def render_coordinate(result: Mapping[str, Any]) -> str:
     if envelope:
         lines.append(f"\n## synthesis by {synthesis['provider']} (confidence {envelope.get('confidence')})")
         lines.append(str(envelope.get("answer")))
+        lines += _decided(synthesis)
         for point in envelope.get("dissent") or []:
             lines.append(f"- dissent: {point}")
     proposal = (result.get("proposal") or {}).get("envelope")
@@ -121,6 +121,13 @@ def render_coordinate(result: Mapping[str, Any]) -> str:
     if result.get("plan"):
         lines.append("\nplan: " + orjson.dumps(result["plan"]).decode())
     return "\n".join(lines)
+
+
+def _decided(synthesis: Mapping[str, Any]) -> list[str]:
+    """The synthesis's decided `value`, when the call asked for one with `answer_schema`."""
+    if synthesis.get("value") is None:
+        return []
+    return ["decided: " + orjson.dumps(synthesis["value"]).decode()]
 
 
 def _headline(tool: str, result: Mapping[str, Any]) -> str:

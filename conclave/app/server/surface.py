@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from conclave.app.catalog import ToolSpec
+from conclave.schema.schemas import dereferenced
 
 
 def describe(tool: ToolSpec) -> dict[str, Any]:
@@ -15,7 +16,7 @@ def describe(tool: ToolSpec) -> dict[str, Any]:
         "name": tool.name,
         "title": tool.title,
         "description": tool.description,
-        "inputSchema": _public(tool.input_schema),
+        "inputSchema": _public(dereferenced(f"{tool.name}.input.json")),  # a shared shape inlined
         "outputSchema": _public(tool.output_schema),
         "annotations": {"title": tool.title, **{k: v for k, v in tool.annotations.items() if k != "title"}},
     }
