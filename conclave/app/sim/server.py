@@ -5,8 +5,9 @@ Conclave's own adapters talk to it over loopback exactly as they talk to real
 providers, so tests, the demo and the benchmark exercise the real HTTP path. Every
 answer is scripted (`Scenario`) or a deterministic default labelled `[simulated <model>]`
 (with `role_answers`, a valid role envelope when the prompt asks for a role: `roles.py`; for a
-request for structured output, an object valid against its schema: `structured.py`), and every
-response carries `server: conclave-sim`.
+request for structured output, an object valid against its schema: `structured.py`, drawn by the
+panel's `Oracle` when it knows the question: `oracle.py`), and every response carries
+`server: conclave-sim`.
 
 aiohttp runs on asyncio, so this module uses asyncio directly (latency is one
 `asyncio.sleep` per request); the rest of Conclave stays on anyio. The request path is
@@ -29,6 +30,7 @@ from aiohttp import web
 from conclave.app.sim import structured, wire
 from conclave.app.sim.caching import Cached, PromptCache
 from conclave.app.sim.kinds import WIRES
+from conclave.app.sim.oracle import Oracle, OracleItem
 from conclave.app.sim.recording import (
     Kind,
     ReceivedRequest,
@@ -72,6 +74,7 @@ class SimPanel:
         record: bool = True,
         caching: bool = False,
         role_answers: bool = False,
+        oracle: Oracle | None = None,
     ) -> None:
         self._host = host
         self._requested_port = port
@@ -83,6 +86,7 @@ class SimPanel:
         self._cache = PromptCache() if caching else None  # each provider's caching rule, on request
         # Off by default: tests script their roles, and some check what an unscripted role gets.
         self._role_answers = role_answers
+        self._oracle = oracle  # answers the questions it knows, when a request asks for a schema
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self.received: list[ReceivedRequest] = []
@@ -150,8 +154,20 @@ class SimPanel:
     def set_scenario(self, model: str, scenario: Scenario) -> None:
         self._scenarios[model] = scenario
 
+    def set_oracle(self, oracle: Oracle | None) -> None:
+        """Answer requests for structured output on the questions `oracle` knows with its draws
+        (`oracle.py`); None: every default answer is synthesized again."""
+        self._oracle = oracle
+
+    @property
+    def oracle(self) -> Oracle | None:
+        return self._oracle
+
     def reset(self) -> None:
-        """Forget scenarios, call counters and the recording."""
+        """Forget scenarios, call counters and the recording; the oracle, if any, stays and
+        counts its draws from the start again."""
+        if self._oracle is not None:
+            self._oracle.reset()
         self._scenarios.clear()
         self._calls.clear()
         self._seq = 0
@@ -187,10 +203,16 @@ class SimPanel:
         except wire.WireError as exc:
             return _error_response(kind, exc.spec, model, seq)
         cached = self._cache.apply(kind, parsed.model, body) if self._cache is not None else Cached()
-        return await self._answer(request, kind, parsed, seq, cached)
+        return await self._answer(request, kind, parsed, seq, cached, body)
 
     async def _answer(
-        self, request: web.Request, kind: Kind, parsed: wire.ParsedRequest, seq: int, cached: Cached
+        self,
+        request: web.Request,
+        kind: Kind,
+        parsed: wire.ParsedRequest,
+        seq: int,
+        cached: Cached,
+        body: Any = None,
     ) -> web.StreamResponse:
         scenario = self._scenarios.get(parsed.model)
         if scenario is not None and scenario.rejects_tools and parsed.declares_tools:
@@ -209,7 +231,16 @@ class SimPanel:
                 quota_id=reply.quota_id,
             )
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
-        answer = build_answer(parsed, reply, call=call, seq=seq, cached=cached, roles=self._role_answers)
+        answer = build_answer(
+            parsed,
+            reply,
+            call=call,
+            seq=seq,
+            cached=cached,
+            roles=self._role_answers,
+            oracle=self._oracle,
+            body=body,
+        )
         return await _success_response(request, kind, answer, reply)
 
     async def _think(self, request: web.Request, model: str, seconds: float) -> None:
@@ -271,11 +302,15 @@ def build_answer(
     seq: int,
     cached: Cached | None = None,
     roles: bool = False,
+    oracle: Oracle | None = None,
+    body: Any = None,
 ) -> wire.Answer:
     """The turn a scripted reply (or the default answer) amounts to for this request; `cached`,
     what the provider's caching rule reads from (or writes to) its cache, comes out of the
-    prompt's uncached tokens; with `roles`, the default answer to a role prompt is its envelope."""
-    text, finish = _answer_text(parsed, reply, call, roles)
+    prompt's uncached tokens; with `roles`, the default answer to a role prompt is its envelope;
+    with an `oracle`, a structured default answer to a question it knows is its draw (`body`, the
+    decoded request, is where it looks for the question when the last user message lacks it)."""
+    text, finish = _answer_text(parsed, reply, call, roles, oracle, body)
     calls = () if reply.fault == "empty" else reply.tool_calls
     written = text + "".join(str(c.arguments) for c in calls)
     cached = cached or Cached()
@@ -297,7 +332,7 @@ def build_answer(
 
 
 def _answer_text(
-    parsed: wire.ParsedRequest, reply: Reply, call: int, roles: bool
+    parsed: wire.ParsedRequest, reply: Reply, call: int, roles: bool, oracle: Oracle | None, body: Any
 ) -> tuple[str, Literal["stop", "length"]]:
     if reply.fault == "empty":
         return "", "length"
@@ -310,35 +345,74 @@ def _answer_text(
         return "", reply.finish_reason  # a turn that only calls, as models often answer
     # The default answer respects the request's token cap like a model would; a scripted
     # text is sent as written (a script that wants "length" says so).
-    text = _default_text(parsed, roles)
+    text = _default_text(parsed, roles, oracle, body)
     cap = parsed.max_tokens
     if cap is not None and wire.estimate_output_tokens(text) > cap:
         return text[: max(cap, 0) * 4], "length"
     return text, reply.finish_reason
 
 
-def _default_text(parsed: wire.ParsedRequest, roles: bool) -> str:
+def _default_text(
+    parsed: wire.ParsedRequest, roles: bool, oracle: Oracle | None = None, body: Any = None
+) -> str:
     # The role's ask closes the last message; a tool result coming back is not a role prompt. A
     # role's envelope comes first even when the request carries its schema (role turns do): it
     # plays the debate out as the scenario means it to (a critic asking for a revision).
     envelope = role_answer(parsed.model, parsed.last_text) if roles else None
+    known = None
+    if oracle is not None and parsed.answer_schema is not None:
+        known = _known(oracle, parsed, body)
     if envelope is not None:
-        return envelope if parsed.answer_schema is None else _completed(envelope, parsed)
+        return envelope if parsed.answer_schema is None else _completed(envelope, parsed, known)
     if parsed.answer_schema is not None:  # structured output: an object valid against the schema
         schema, question = parsed.answer_schema, parsed.last_user_text
+        drawn = None if known is None else known[0].draw(parsed.model, known[1], schema)
+        if drawn is not None:
+            return orjson.dumps(drawn).decode()
         return orjson.dumps(structured.synthesize(schema, model=parsed.model, question=question)).decode()
     return default_answer(parsed.model, parsed.last_user_text)
 
 
-def _completed(envelope: str, parsed: wire.ParsedRequest) -> str:
-    """A role's envelope with what the request's schema requires besides (a chair's `value`)."""
+def _completed(
+    envelope: str, parsed: wire.ParsedRequest, known: tuple[Oracle, OracleItem] | None = None
+) -> str:
+    """A role's envelope with what the request's schema requires besides (a chair's `value`,
+    drawn by the oracle when it knows the question)."""
     schema = parsed.answer_schema or {}
     filled = orjson.loads(envelope)
     for name in schema.get("required", ()):
         part = (schema.get("properties") or {}).get(name)
         if name not in filled and isinstance(part, dict):
-            filled[name] = structured.synthesize(part, model=parsed.model, question=parsed.last_user_text)
+            drawn = None if known is None else known[0].draw(parsed.model, known[1], part)
+            if drawn is None:
+                drawn = structured.synthesize(part, model=parsed.model, question=parsed.last_user_text)
+            filled[name] = drawn
     return orjson.dumps(filled).decode()
+
+
+def _known(oracle: Oracle, parsed: wire.ParsedRequest, body: Any) -> tuple[Oracle, OracleItem] | None:
+    """The oracle's item this request asks: its question in the last user message (a plain
+    confer), else anywhere in the request (a staged confer and its chair carry the question in
+    the system prompt)."""
+    item = oracle.find(parsed.last_user_text)
+    if item is None and body is not None:
+        item = oracle.find("\n".join(_strings(body)))
+    return None if item is None else (oracle, item)
+
+
+def _strings(node: Any) -> list[str]:
+    """Every string in a decoded request body, in document order."""
+    out: list[str] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, str):
+            out.append(current)
+        elif isinstance(current, dict):
+            stack.extend(reversed(list(current.values())))
+        elif isinstance(current, list):
+            stack.extend(reversed(current))
+    return out
 
 
 async def _success_response(
