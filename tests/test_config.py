@@ -153,6 +153,21 @@ def test_set_override_is_validated_like_the_file(write_config: Write) -> None:
     assert message.startswith("config: limits.max_tokens:")
 
 
+def test_evals_dir_defaults_under_conclave_and_is_set_like_any_key(
+    write_config: Write, tmp_path: Path
+) -> None:
+    assert load_config(str(data_path("config.yaml")), env={}, dotenv=None).evals.dir == ".conclave/evals"
+    path = str(write_config({**MINIMAL, "evals": {"dir": "runs"}}))
+    assert load_config(path, env={}, dotenv=None).evals.dir == "runs"
+    set_dir = load_config(path, env={}, dotenv=None, overrides=[f"evals.dir={tmp_path}/e"])
+    assert set_dir.evals.dir == f"{tmp_path}/e"
+    assert error_of(path, overrides=["evals.folder=x"]).startswith("config: evals: ")
+    assert error_of(path, overrides=["evals.dir="]).startswith("config: evals.dir: ")
+    (tmp_path / "blocker").write_text("a file where the evals folder should be")
+    message = error_of(path, overrides=[f"evals.dir={tmp_path}/blocker"])
+    assert message.startswith("config: evals.dir: ") and "is a file, not a folder" in message
+
+
 def test_keys_come_from_the_environment_over_a_local_dotenv(write_config: Write, tmp_path: Path) -> None:
     dotenv = tmp_path / ".env"
     dotenv.write_text("# keys\nexport A_KEY='from-dotenv-123456'\n", encoding="utf-8")

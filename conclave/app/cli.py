@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_confer(sub, common)
     _add_coordinate(sub, common)
+    _add_eval(sub, common)
     _add_tail(sub, common)
     _add_serve(sub, common)
     _add_ui(sub, common)
@@ -243,6 +244,54 @@ def _add_call_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session", metavar="ID", help="session id (default: generated)")
     parser.add_argument("--dry-run", action="store_true", help="call nothing; print the plan and cost bound")
     parser.add_argument("--json", action="store_true", help="print the structured result only")
+
+
+def _add_eval(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    run = sub.add_parser(
+        "eval",
+        parents=[common],
+        help="measure the panel's strategies against its members on a suite (docs/eval.md)",
+        description="Does the council beat its best member, at equal calls? Runs every strategy on "
+        "every item of SUITE and reports accuracy with intervals, cost and latency (docs/eval.md).",
+    )
+    run.add_argument(
+        "suite", nargs="?", metavar="SUITE", help="builtin:basic, a .jsonl suite or an MMLU-style .csv"
+    )
+    run.add_argument(
+        "--demo", action="store_true", help="run builtin:basic twice on the simulated panel (no key)"
+    )
+    run.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="single:NAME, sc:NAME:N, vote, council, coordinate (default: each single, vote, council)",
+    )
+    run.add_argument(
+        "--budget", choices=("equal", "none"), default="equal", help="equal: singles get the panel's calls"
+    )
+    run.add_argument("--limit", type=_at_least(1), metavar="N", help="the first N items")
+    run.add_argument("--concurrency", type=_at_least(1), default=4, metavar="C", help="items at once (4)")
+    run.add_argument(
+        "--max-cost", type=float, metavar="USD", help="refuse a run whose dry-run bound is above it"
+    )
+    run.add_argument("--out", metavar="DIR", help="where the files go (default: evals.dir/<date>-<suite>)")
+    run.add_argument("--resume", action="store_true", help="skip what results.jsonl in --out already holds")
+    run.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and the demo's draws (0)")
+    run.add_argument("--judges", metavar="a,b", help="who grades free-text items (default: the panel)")
+    run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    run.set_defaults(handler=cmd_eval)
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {low}")
+        return value
+
+    return parse
 
 
 def _add_tail(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -878,6 +927,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(
         config, latency_ms=args.latency_ms, out=sys.stdout, err=sys.stderr, ui_command=_ui_command(args)
     )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from conclave.app.evals import command, demo
+
+    if (args.suite is None) == (not args.demo):
+        print("conclave eval: give a SUITE (e.g. builtin:basic), or --demo", file=sys.stderr)
+        return EXIT_USAGE
+    if args.max_cost is not None and not (math.isfinite(args.max_cost) and args.max_cost > 0):
+        print(
+            f"conclave eval: --max-cost must be a number of USD above 0, not {args.max_cost}", file=sys.stderr
+        )
+        return EXIT_USAGE
+    options = command.Options(
+        suite=args.suite or demo.SUITE,
+        strategies=args.strategies,
+        budget=args.budget,
+        limit=args.limit,
+        concurrency=args.concurrency,
+        max_cost=args.max_cost,
+        out=args.out,
+        resume=args.resume,
+        seed=args.seed,
+        judges=args.judges,
+        json=args.json,
+    )
+    run = demo.main if args.demo else command.main
+    return run(_load(args), options, out=sys.stdout, err=sys.stderr)
 
 
 def _demo_local(args: argparse.Namespace) -> int:

@@ -130,6 +130,12 @@ class TranscriptsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EvalsConfig:
+    # `conclave eval` writes each run under <dir>/<run>/ by default; `conclave ui` lists them there
+    dir: str = ".conclave/evals"
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     # A call with a progressToken hears from the server at least this often, so that clients
     # whose idle timer is reset by progress keep waiting through a long deliberation.
@@ -188,6 +194,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    evals: EvalsConfig = field(default_factory=EvalsConfig)
 
     def api_key(self, provider: str) -> str | None:
         return self.secrets.get(self.providers[provider].api_key_env)
@@ -451,8 +458,8 @@ def _yaml_hint(error: Any) -> str:
 
 
 def _check_paths(raw: dict[str, Any], origins: Origins) -> None:
-    """The event log must be a file and the transcripts folder a folder: caught here as one line,
-    not later as a traceback from the first write."""
+    """The event log must be a file, `transcripts.dir` and `evals.dir` folders: caught here as one
+    line, not later as a traceback from the first write."""
     telemetry, transcripts = raw.get("telemetry", {}), raw.get("transcripts", {})
     log = Path(telemetry.get("path", TelemetryConfig().path)).expanduser()
     if telemetry.get("enabled", True) and log.is_dir():
@@ -465,6 +472,12 @@ def _check_paths(raw: dict[str, Any], origins: Origins) -> None:
         raise ConfigError(
             f"config: transcripts.dir: {str(folder)!r} is a file, not a folder; name a folder "
             f"{origins.of('transcripts.dir')}"
+        )
+    evals = Path(raw.get("evals", {}).get("dir", EvalsConfig().dir)).expanduser()
+    if evals.exists() and not evals.is_dir():
+        raise ConfigError(
+            f"config: evals.dir: {str(evals)!r} is a file, not a folder; name a folder "
+            f"{origins.of('evals.dir')}"
         )
 
 
@@ -528,6 +541,7 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         server=ServerConfig(**raw.get("server", {})),
         tasks=TasksConfig(**raw.get("tasks", {})),
         state=StateConfig(**raw.get("state", {})),
+        evals=EvalsConfig(**raw.get("evals", {})),
     )
 
 

@@ -9,11 +9,15 @@ headers that keep the page out of frames and its address out of referrers.
 
 Routes, under the mount's prefix: `/` the sessions, `/session?id=…` one session, `/events` the
 event log as server-sent events (from `?from=` a byte offset, or `Last-Event-ID` when the browser
-reconnects; `?session=` one session's events, ending after its `session_end`), `/static/…`.
+reconnects; `?session=` one session's events, ending after its `session_end`), `/evals` the runs of
+`conclave eval` under `evals.dir`, `/eval?run=…` one run, `/eval/chart.svg?run=…` and
+`/eval/results.jsonl?run=…` its chart and its results, `/static/…`. A run is named, never a path:
+a name that is not one, or a run or file that is not there, is 404.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -25,7 +29,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from conclave.app.tail import POLL_SECONDS, Filters, Follower, format_event, matches, parse_line
-from conclave.app.ui import model, pages
+from conclave.app.ui import evalpages, model, pages
+from conclave.app.ui.evals import CHART_SVG, RESULTS, EvalRuns, inside
 from conclave.app.ui.markup import Safe
 from conclave.app.ui.sessions import Sessions
 from conclave.net.webguard import allowed_hosts, host_allowed, origin_allowed
@@ -46,9 +51,11 @@ SECURITY_HEADERS = {
 }
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 KEEPALIVE_SECONDS = 15.0
+FILE_CHUNK = 262_144
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 SESSIONS = web.AppKey("sessions", Sessions)
+EVALS = web.AppKey("evals", EvalRuns)
 CLOSING = web.AppKey("closing", anyio.Event)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,6 +64,7 @@ def build_app(config: Config, *, bound_host: str = "127.0.0.1", prefix: str = ""
     """The page's application; `prefix` is where it will be mounted ("" at the root)."""
     app = web.Application(middlewares=[_guard(allowed_hosts(bound_host))])
     app[SESSIONS] = Sessions(Path(config.telemetry.path), Path(config.transcripts.dir))
+    app[EVALS] = EvalRuns(Path(config.evals.dir).expanduser())
     app[CLOSING] = anyio.Event()
     app.on_response_prepare.append(_secure)
     app.on_shutdown.append(_close_streams)
@@ -64,6 +72,10 @@ def build_app(config: Config, *, bound_host: str = "127.0.0.1", prefix: str = ""
     app.router.add_get("/", _sessions_handler(prefix))
     app.router.add_get("/session", _session_handler(prefix))
     app.router.add_get("/events", _events)
+    app.router.add_get("/evals", _evals_handler(prefix))
+    app.router.add_get("/eval", _eval_handler(prefix))
+    app.router.add_get("/eval/chart.svg", _run_file(CHART_SVG, "image/svg+xml"))
+    app.router.add_get("/eval/results.jsonl", _run_file(RESULTS, "application/x-ndjson", attachment=True))
     app.router.add_get("/static/{name}", _static_handler(files))
     return app
 
@@ -138,6 +150,56 @@ def _session_handler(prefix: str) -> Handler:
         return _html(pages.session_page(view, prefix, offset))
 
     return session
+
+
+def _evals_handler(prefix: str) -> Handler:
+    async def evals(request: web.Request) -> web.StreamResponse:
+        index = request.app[EVALS]
+        return _html(evalpages.evals_page(index.runs(), prefix, str(index.root)))
+
+    return evals
+
+
+def _eval_handler(prefix: str) -> Handler:
+    async def eval_run(request: web.Request) -> web.StreamResponse:
+        index = request.app[EVALS]
+        name = request.query.get("run", "")
+        run = index.run(name)
+        if run is None:
+            return _html(pages.not_found(prefix, f"No eval run {name!r} in {index.root}.", "evals"), 404)
+        chart, results = (inside(run.folder, filename) is not None for filename in (CHART_SVG, RESULTS))
+        return _html(evalpages.eval_page(run, prefix, chart=chart, results=results))
+
+    return eval_run
+
+
+def _run_file(filename: str, content_type: str, *, attachment: bool = False) -> Handler:
+    """A file of a run, streamed: only `filename` of the folder `?run=` names, inside evals.dir."""
+
+    async def run_file(request: web.Request) -> web.StreamResponse:
+        name = request.query.get("run", "")
+        path = request.app[EVALS].file(name, filename)
+        if path is None:
+            raise web.HTTPNotFound()
+        headers = {"Content-Type": content_type}
+        if attachment:  # the name is a run name (RUN_NAME): nothing to quote in it
+            headers["Content-Disposition"] = f'attachment; filename="{name}-{filename}"'
+        try:
+            handle = path.open("rb")
+        except OSError:
+            raise web.HTTPNotFound() from None
+        with handle:
+            left = os.fstat(handle.fileno()).st_size  # what is sent, were the file to grow meanwhile
+            stream = web.StreamResponse(headers=headers)
+            stream.content_length = left
+            await stream.prepare(request)
+            while request.method != "HEAD" and left > 0 and (chunk := handle.read(min(left, FILE_CHUNK))):
+                await stream.write(chunk)
+                left -= len(chunk)
+            await stream.write_eof()
+        return stream
+
+    return run_file
 
 
 def _html(body: Safe, status: int = 200) -> web.Response:

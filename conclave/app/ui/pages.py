@@ -1,4 +1,5 @@
-"""The two pages as HTML: the list of recent sessions, and one session as the deliberation it was.
+"""The session pages as HTML: the list of recent sessions, and one session as the deliberation it
+was (the eval runs' pages are `evalpages`, in the same frame: `document`).
 
 Pure functions of the records in `sessions` and `model`; every piece of text goes through
 `markup` (see its rule). The live parts are marked with `data-*` attributes that `static/app.js`
@@ -22,7 +23,9 @@ from conclave.app.ui.sessions import SessionSummary
 TITLE = "Conclave"
 
 
-def document(title: str, body: Safe, prefix: str) -> Safe:
+def document(title: str, body: Safe, prefix: str, section: str = "sessions") -> Safe:
+    """A whole page: `body` under the header, whose links lead to the sessions and the eval runs
+    (`section` is the one this page belongs to)."""
     head = el(
         "head",
         void("meta", charset="utf-8"),
@@ -34,10 +37,21 @@ def document(title: str, body: Safe, prefix: str) -> Safe:
     top = el(
         "header",
         el("a", TITLE, href=f"{prefix}/", class_="brand"),
-        el("a", "sessions", href=f"{prefix}/", class_="crumb"),
+        el("nav", [_nav(name, href, section) for name, href in _sections(prefix)], class_="sections"),
         el("span", "read-only: this page starts nothing", class_="aside"),
     )
     return Safe("<!doctype html>\n" + el("html", head, el("body", top, body), lang="en"))
+
+
+def _sections(prefix: str) -> tuple[tuple[str, str], ...]:
+    return (("sessions", f"{prefix}/"), ("evals", f"{prefix}/evals"))
+
+
+def _nav(name: str, href: str, section: str) -> Safe:
+    here = name == section
+    return el(
+        "a", name, href=href, class_="crumb here" if here else "crumb", aria_current="page" if here else None
+    )
 
 
 # -- the list ---------------------------------------------------------------------------------
@@ -572,5 +586,6 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) else "-"
 
 
-def not_found(prefix: str, what: str) -> Safe:
-    return document(f"{TITLE} · not found", el("main", el("h1", "Not found"), el("p", what)), prefix)
+def not_found(prefix: str, what: str, section: str = "sessions") -> Safe:
+    main = el("main", el("h1", "Not found"), el("p", what))
+    return document(f"{TITLE} · not found", main, prefix, section)
