@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,32 @@ async def test_against_a_running_panel_max_cost_refuses_then_a_run_and_its_resum
         assert len(panel.received) - asked == 3 + 3, "only the third item was asked"
         assert len(results(tmp_path / "run")) == 6
         assert "single:sim-gemini" in out and "vote" in out
+
+
+@pytest.mark.anyio
+async def test_an_interrupted_run_keeps_its_answers_writes_its_summary_and_resumes(tmp_path: Path) -> None:
+    async with SimPanel(role_answers=True, latency_ms=150) as panel:
+        base = [
+            sys.executable, "-m", "conclave", "eval", "builtin:basic", *set_options(panel.base_urls()),
+            "--limit", "6", "--out", "run", "--concurrency", "1", "--strategies", "single:sim-openai,vote",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+        process = await anyio.open_process(base, cwd=tmp_path, env=env)
+        results_file = tmp_path / "run" / "results.jsonl"
+        with anyio.fail_after(60):
+            while not (results_file.exists() and results_file.read_text().count("\n") >= 2):
+                await anyio.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            code = await process.wait()
+        await process.aclose()
+        assert code == 130
+        kept = results(tmp_path / "run")
+        assert 2 <= len(kept) < 12
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["stopped"] == "interrupted" and first_error("eval.summary.json", summary) is None
+        done = await anyio.run_process([*base, "--resume"], cwd=tmp_path, env=env, check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        lines = results(tmp_path / "run")
+        pairs = [(line["strategy"], line["item"]) for line in lines]
+        assert len(lines) == 12 and len(set(pairs)) == 12, "every pair once: nothing asked twice"

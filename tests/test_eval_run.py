@@ -174,10 +174,15 @@ def test_the_run_stops_before_an_item_whose_bound_would_pass_max_cost() -> None:
 async def test_free_text_items_are_judged_blind_and_the_judges_agreement_reported(tmp_path: Path) -> None:
     path = tmp_path / "judged.jsonl"
     rows = [
-        {"id": f"j{i}", "question": f"Explain idea {i} in a sentence.", "answer": f"idea {i}", "kind": "judge",
-         "rubric": "mentions the idea"}
+        {
+            "id": f"j{i}",
+            "question": f"Explain idea {i}.",
+            "answer": f"idea {i}",
+            "kind": "judge",
+            "rubric": "on topic",
+        }
         for i in range(3)
-    ]  # fmt: skip
+    ]
     path.write_bytes(b"\n".join(orjson.dumps(row) for row in rows))
     suite = load_suite(str(path))
     async with conclave.SimulatedPanel(base()) as sim, conclave.Conclave(sim.config) as client:

@@ -38,11 +38,10 @@ def draw(summary: Mapping[str, Any], out: Path) -> tuple[str, str]:
         for row in rows:
             x, y = row[key] or 0.0, row["accuracy"]
             below, above = y - row["ci_low"], row["ci_high"] - y
-            single = row["strategy"].startswith(("single:", "sc:"))
-            axes.errorbar(
-                x, y, yerr=[[below], [above]], fmt="o" if single else "D", capsize=4,
-                color="#4c72b0" if single else "#c44e52",
-            )  # fmt: skip
+            marker, color = (
+                ("o", "#4c72b0") if row["strategy"].startswith(("single:", "sc:")) else ("D", "#c44e52")
+            )
+            axes.errorbar(x, y, yerr=[[below], [above]], fmt=marker, capsize=4, color=color)
             axes.annotate(row["strategy"], (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
         axes.set_xlabel(label)
         axes.set_ylabel("accuracy (95% Wilson interval)")

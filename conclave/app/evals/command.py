@@ -68,7 +68,7 @@ def main(config: Config, options: Options, *, out: IO[str], err: IO[str]) -> int
         print(f"conclave eval: {exc}", file=err)
         return EXIT_REFUSED
     except KeyboardInterrupt:
-        lines = runner.done_pairs(prepared.plan.out)
+        lines = runner.lines_of(prepared.plan)
         ran = runner.Ran(lines=tuple(lines), stopped="interrupted", spent_usd=0.0, bound_usd=None)
         finish(prepared, ran, options, started=started, out=out, err=err)
         return EXIT_INTERRUPTED

@@ -64,7 +64,7 @@ class Ran:
     bound_usd: float | None
 
 
-def done_pairs(out: Path) -> list[dict[str, Any]]:
+def earlier_lines(out: Path) -> list[dict[str, Any]]:
     """The lines of an earlier run in `out` (a torn last line, from a run killed mid-write, is
     dropped: its answer is asked again)."""
     path = out / RESULTS
@@ -122,7 +122,7 @@ async def run(client: Conclave, plan: Plan, *, progress: Progress | None = None)
 
 
 def _earlier(plan: Plan) -> list[dict[str, Any]]:
-    earlier = done_pairs(plan.out)
+    earlier = earlier_lines(plan.out)
     if earlier and not plan.resume:
         raise EvalRefused(
             f"{plan.out} already holds an eval's results ({len(earlier)} lines); "
@@ -133,6 +133,11 @@ def _earlier(plan: Plan) -> list[dict[str, Any]]:
 
 def _todo(plan: Plan, item: Item, done: set[tuple[str, str]]) -> tuple[Strategy, ...]:
     return tuple(s for s in plan.strategies if s.applies_to(item) and (s.name, item.id) not in done)
+
+
+def lines_of(plan: Plan) -> list[Mapping[str, Any]]:
+    """What `plan.out`'s results file holds about `plan` (after an interrupted run)."""
+    return _for_plan(plan, earlier_lines(plan.out))
 
 
 def _for_plan(plan: Plan, lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

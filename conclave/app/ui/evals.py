@@ -5,15 +5,14 @@ one run of `conclave eval` (`<evals.dir>/<run>/`: `summary.json`, `results.jsonl
 A run's name comes from a URL, so it is a name and nothing else: it must match `RUN_NAME` (no
 separator, no `.` or `..`), and the folder it names, and each file read in it, must still be inside
 `evals.dir` once symbolic links are resolved; anything else is no run at all. A summary that cannot
-be read, is not JSON, or is not a summary (checked against schemas/eval.summary.json, then field by
-field as the page reads it) is listed with the reason, never raised.
+be read, is not JSON, or is not a summary (checked against schemas/eval.summary.json) is listed
+with the reason, never raised.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from conclave.schema.schemas import first_error, json_path, schema_dir
+from conclave.schema.schemas import first_error, json_path
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # a file name: at most 255 bytes
 SUMMARY = "summary.json"
@@ -193,151 +192,34 @@ def read_summary(path: Path) -> tuple[Summary | None, str | None]:
         return None, f"not JSON: {exc}"
     if isinstance(data, dict) and "version" in data and data["version"] != SUMMARY_VERSION:
         return None, f"version {_shown(data['version'])}: this page reads version {SUMMARY_VERSION}"
-    problem = _schema_problem(data)
-    if problem is not None:
-        return None, problem
-    try:
-        return _summary(data), None
-    except _Invalid as exc:
-        return None, f"not a valid summary: {exc}"
+    error = first_error(SUMMARY_SCHEMA, data)
+    if error is not None:
+        return None, f"not a valid summary: {json_path(error)}: {error.message}"
+    return _summary(data), None
 
 
-def _schema_problem(data: Any) -> str | None:
-    """What schemas/eval.summary.json finds wrong with `data`, if anything (and if the schema is
-    there: the fields are checked again as they are read, so a summary is never trusted)."""
-    if not (schema_dir() / SUMMARY_SCHEMA).is_file():
-        return None
-    try:
-        error = first_error(SUMMARY_SCHEMA, data)
-    except (RuntimeError, LookupError):  # the schema itself cannot be loaded
-        return None
-    if error is None:
-        return None
-    return f"not a valid summary: {json_path(error)}: {error.message}"
-
-
-class _Invalid(ValueError):
-    """A field of a summary that is missing or not what it must be: `$.path: what`. (A field that
-    may be null may also be left out here; the schema, when there, is the stricter check.)"""
-
-
-def _summary(data: Any) -> Summary:
-    top = _object(data, "$")
-    _field(top, "version", "$", int)
-    strategies = _field(top, "strategies", "$", list)
-    judge = top.get("judge")
+def _summary(data: Mapping[str, Any]) -> Summary:
+    """A summary valid against schemas/eval.summary.json, as records."""
+    judge = data["judge"]
     return Summary(
-        suite=_text(top, "suite", "$"),
-        items=_count(top, "items", "$"),
-        started_at=_text(top, "started_at", "$"),
-        finished_at=_text(top, "finished_at", "$"),
-        seed=_field(top, "seed", "$", int),
-        budget=_text(top, "budget", "$"),
-        panel=_names(top, "panel", "$"),
-        stopped=_optional_text(top, "stopped", "$"),
-        best_single=_optional_text(top, "best_single", "$"),
-        judge=None if judge is None else _judge(_object(judge, "$.judge")),
-        strategies=tuple(_strategy(s, f"$.strategies[{i}]") for i, s in enumerate(strategies)),
+        suite=data["suite"],
+        items=data["items"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
+        seed=data["seed"],
+        budget=data["budget"],
+        panel=tuple(data["panel"]),
+        stopped=data["stopped"],
+        best_single=data["best_single"],
+        judge=None if judge is None else Judge(tuple(judge["judges"]), judge["judged"], judge["kappa"]),
+        strategies=tuple(_strategy(row) for row in data["strategies"]),
     )
 
 
-def _judge(raw: Mapping[str, Any]) -> Judge:
-    where = "$.judge"
-    return Judge(_names(raw, "judges", where), _count(raw, "judged", where), _number(raw, "kappa", where))
-
-
-def _strategy(value: Any, where: str) -> StrategyRow:
-    raw = _object(value, where)
-    versus = raw.get("vs_best_single")
-    return StrategyRow(
-        strategy=_text(raw, "strategy", where),
-        description=_text(raw, "description", where),
-        calls_per_item=_count(raw, "calls_per_item", where),
-        samples=_count(raw, "samples", where),
-        items=_count(raw, "items", where),
-        scored=_count(raw, "scored", where),
-        correct=_count(raw, "correct", where),
-        accuracy=_number(raw, "accuracy", where),
-        ci_low=_number(raw, "ci_low", where),
-        ci_high=_number(raw, "ci_high", where),
-        failed=_count(raw, "failed", where),
-        degraded=_count(raw, "degraded", where),
-        cost_usd_per_item=_number(raw, "cost_usd_per_item", where),
-        tokens_per_item=_number(raw, "tokens_per_item", where),
-        latency_ms_p50=_number(raw, "latency_ms_p50", where),
-        latency_ms_p95=_number(raw, "latency_ms_p95", where),
-        vs_best_single=None if versus is None else _comparison(versus, f"{where}.vs_best_single"),
-    )
-
-
-def _comparison(value: Any, where: str) -> Comparison:
-    raw = _object(value, where)
-    return Comparison(
-        against=_text(raw, "against", where),
-        difference=_required_number(raw, "difference", where),
-        ci_low=_required_number(raw, "ci_low", where),
-        ci_high=_required_number(raw, "ci_high", where),
-        mcnemar_p=_required_number(raw, "mcnemar_p", where),
-        pairs=_count(raw, "pairs", where),
-    )
-
-
-def _object(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise _Invalid(f"{where}: not an object")
-    return value
-
-
-def _field(raw: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
-    if key not in raw:
-        raise _Invalid(f"{where}.{key}: missing")
-    value = raw[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _Invalid(f"{where}.{key}: {_shown(value)} is not {_KINDS[kind]}")
-    return value
-
-
-_KINDS: Mapping[type, str] = {str: "a string", int: "an integer", list: "a list"}
-
-
-def _text(raw: Mapping[str, Any], key: str, where: str) -> str:
-    value: str = _field(raw, key, where, str)
-    return value
-
-
-def _optional_text(raw: Mapping[str, Any], key: str, where: str) -> str | None:
-    return None if raw.get(key) is None else _text(raw, key, where)
-
-
-def _count(raw: Mapping[str, Any], key: str, where: str) -> int:
-    value: int = _field(raw, key, where, int)
-    if value < 0:
-        raise _Invalid(f"{where}.{key}: {value} is negative")
-    return value
-
-
-def _names(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    values: Sequence[Any] = _field(raw, key, where, list)
-    if not all(isinstance(v, str) for v in values):
-        raise _Invalid(f"{where}.{key}: not a list of names")
-    return tuple(values)
-
-
-def _number(raw: Mapping[str, Any], key: str, where: str) -> float | None:
-    """A finite number, or None (null, or left out: the schema, when there, says whether it may be)."""
-    value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _Invalid(f"{where}.{key}: {_shown(value)} is not a number")
-    return float(value)
-
-
-def _required_number(raw: Mapping[str, Any], key: str, where: str) -> float:
-    value = _number(raw, key, where)
-    if value is None:
-        raise _Invalid(f"{where}.{key}: null is not a number")
-    return value
+def _strategy(row: Mapping[str, Any]) -> StrategyRow:
+    versus = row["vs_best_single"]
+    fields = {name: row[name] for name in StrategyRow.__dataclass_fields__ if name != "vs_best_single"}
+    return StrategyRow(**fields, vs_best_single=None if versus is None else Comparison(**versus))
 
 
 def _shown(value: Any) -> str:
