@@ -42,6 +42,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--caching", action="store_true", help="play each provider's prompt caching rule in usage"
     )
     parser.add_argument(
+        "--stream-tokens-per-s",
+        type=float,
+        default=None,
+        metavar="N",
+        help="write streamed answers at N simulated tokens (frames) a second (default: at once)",
+    )
+    parser.add_argument(
         "--no-role-answers",
         action="store_true",
         help="answer role prompts in plain text too (then review, synthesis and coordinate fail)",
@@ -62,6 +69,7 @@ async def serve(args: argparse.Namespace) -> None:
         record=not args.no_record,
         caching=args.caching,
         role_answers=not args.no_role_answers,
+        stream_tokens_per_s=args.stream_tokens_per_s,
     )
     async with panel:
         urls = panel.base_urls()

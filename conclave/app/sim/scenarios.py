@@ -19,10 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-Fault = Literal["malformed", "drop", "missing_fields", "empty"]
+Fault = Literal["malformed", "drop", "missing_fields", "empty", "stream_error", "truncated"]
 FinishReason = Literal["stop", "length"]
 
-FAULTS: frozenset[str] = frozenset({"malformed", "drop", "missing_fields", "empty"})
+FAULTS: frozenset[str] = frozenset(
+    {"malformed", "drop", "missing_fields", "empty", "stream_error", "truncated"}
+)
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length"})
 LAST_CHARS = 200  # how much of the last user message `{last}` quotes
 
@@ -79,6 +81,15 @@ class Reply:
     model answers a request for structured output, or a prompt asking for JSON. A reply gives
     `text` or `value`, not both; with neither, a request for structured output gets an object
     built from its schema (`conclave/app/sim/structured.py`).
+
+    A `fault` breaks the answer (docs/development.md#faults): `malformed` (a body, or one frame
+    of a stream, that is not JSON), `drop` (the connection cut mid-answer), `missing_fields` (a
+    body or a stream without the part that carries the answer), `empty` (no text, cut by the
+    limit), `truncated` (half the answer, then a clean end: a plain body cut as `malformed` cuts
+    it, a stream without its closing frames), `stream_error` (half a stream, then the wire's
+    in-stream error; a plain call gets that error as its response). With `stream_error`, a
+    `status` other than 200 picks the error (`error_type` and `error_message` as for any
+    error).
     """
 
     text: str | None = None
@@ -163,12 +174,16 @@ class Scenario:
 
     `rejects_tools` plays a model served without tool support: any request declaring tools is
     a 400 saying so, as OpenAI-compatible servers answer, and consumes no step of the script.
+    `rejects_stream` plays a server without streaming in the same way: a streamed request is
+    refused (a 400 saying streaming is not supported; Gemini: a 404 for `streamGenerateContent`),
+    and a plain one is answered.
     """
 
     replies: tuple[Reply, ...] = ()
     rules: tuple[Rule, ...] = ()
     latency_ms: float | None = None
     rejects_tools: bool = False
+    rejects_stream: bool = False
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so a script cannot change under the panel.
@@ -184,6 +199,7 @@ class Scenario:
             "rules": (list,),
             "latency_ms": _NUMBER_OR_NONE,
             "rejects_tools": (bool,),
+            "rejects_stream": (bool,),
         }
         _check_keys(d, "scenario", types)
         for key, value in d.items():
@@ -193,6 +209,7 @@ class Scenario:
             rules=tuple(Rule.from_dict(r) for r in d.get("rules", [])),
             latency_ms=d.get("latency_ms"),
             rejects_tools=d.get("rejects_tools", False),
+            rejects_stream=d.get("rejects_stream", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,6 +218,7 @@ class Scenario:
             "rules": [r.to_dict() for r in self.rules],
             "latency_ms": self.latency_ms,
             "rejects_tools": self.rejects_tools,
+            "rejects_stream": self.rejects_stream,
         }
 
 

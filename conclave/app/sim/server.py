@@ -14,6 +14,10 @@ aiohttp runs on asyncio, so this module uses asyncio directly (latency is one
 kept lean because the benchmark runs this server as its fake provider, in its own process
 but on the same cores as what it measures: no per-request logging, no access log, no
 timer wake-ups while a request waits, orjson for bodies.
+
+A request that asks for a stream (OpenAI's and Anthropic's `"stream": true`, Gemini's
+`:streamGenerateContent`) gets the same turn as its wire's frames (`SimWire.stream`), written
+after the latency as they would arrive: at once, or `stream_tokens_per_s` frames a second.
 """
 
 from __future__ import annotations
@@ -75,7 +79,10 @@ class SimPanel:
         caching: bool = False,
         role_answers: bool = False,
         oracle: Oracle | None = None,
+        stream_tokens_per_s: float | None = None,
     ) -> None:
+        if stream_tokens_per_s is not None and not stream_tokens_per_s > 0:
+            raise ValueError(f"stream_tokens_per_s must be > 0, got {stream_tokens_per_s}")
         self._host = host
         self._requested_port = port
         self._latency_ms = latency_ms
@@ -87,10 +94,13 @@ class SimPanel:
         # Off by default: tests script their roles, and some check what an unscripted role gets.
         self._role_answers = role_answers
         self._oracle = oracle  # answers the questions it knows, when a request asks for a schema
+        # Between two frames of a stream: each text frame is one simulated token.
+        self._frame_gap = None if stream_tokens_per_s is None else 1.0 / stream_tokens_per_s
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self.received: list[ReceivedRequest] = []
-        self.aborted: list[str] = []  # models whose caller hung up while the panel was "thinking"
+        # Models whose caller hung up while the panel was "thinking" or still streaming.
+        self.aborted: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,7 +194,7 @@ class SimPanel:
         routed = wire.route(request.path)
         if routed is None or request.method != "POST":
             return _not_found(request)
-        kind, path_model = routed
+        kind, path_model, path_streams = routed
         body = _decode(await request.read())
         self._seq += 1
         seq = self._seq
@@ -199,6 +209,7 @@ class SimPanel:
                 body,
                 path_model=path_model,
                 headers=request.headers,
+                stream_query=request.query if path_streams else None,
             )
         except wire.WireError as exc:
             return _error_response(kind, exc.spec, model, seq)
@@ -215,21 +226,22 @@ class SimPanel:
         body: Any = None,
     ) -> web.StreamResponse:
         scenario = self._scenarios.get(parsed.model)
-        if scenario is not None and scenario.rejects_tools and parsed.declares_tools:
-            return _error_response(kind, wire.tools_unsupported(parsed.model), parsed.model, seq)
+        if scenario is not None:
+            if scenario.rejects_tools and parsed.declares_tools:
+                return _error_response(kind, wire.tools_unsupported(parsed.model), parsed.model, seq)
+            if scenario.rejects_stream and parsed.stream is not None:
+                return _error_response(kind, wire.stream_unsupported(kind, parsed.model), parsed.model, seq)
         call = self._calls[parsed.model] = self._calls.get(parsed.model, 0) + 1
         reply = choose_reply(scenario, call, parsed.last_text) or _DEFAULT_REPLY
         delay_ms = resolve_latency_ms(reply, scenario, self._latency_ms)
         if delay_ms > 0:
             await self._think(request, parsed.model, delay_ms / 1000)
-        if reply.status != 200 and reply.fault is None:
-            spec = wire.ErrorSpec(
-                reply.status,
-                message=reply.error_message,
-                error_type=reply.error_type,
-                retry_delay=reply.retry_delay,
-                quota_id=reply.quota_id,
-            )
+        if reply.fault is None:
+            if reply.status != 200:
+                return _error_response(kind, _reply_error(reply), parsed.model, seq, reply.headers)
+        elif reply.fault == "stream_error" and parsed.stream is None:
+            # A plain call meets the same error as the stream would, as its response.
+            spec = _reply_error(reply, wire.stream_error_status(kind, reply.status))
             return _error_response(kind, spec, parsed.model, seq, reply.headers)
         answer = build_answer(
             parsed,
@@ -241,7 +253,48 @@ class SimPanel:
             oracle=self._oracle,
             body=body,
         )
+        if parsed.stream is not None:
+            return await self._stream(request, kind, answer, reply, parsed.stream, parsed.model)
         return await _success_response(request, kind, answer, reply)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        kind: Kind,
+        answer: wire.Answer,
+        reply: Reply,
+        ask: wire.StreamAsk,
+        model: str,
+    ) -> web.StreamResponse:
+        """Write the answer's frames as a stream (a fault breaks it halfway), pausing between
+        frames when paced. A caller that hangs up stops the writing and is recorded in
+        `aborted`, as while thinking."""
+        frames = wire.stream_frames(kind, answer, ask, answerless=reply.fault == "missing_fields")
+        frames = _faulted(kind, frames, reply, ask, model)
+        headers = {**_SERVER_HEADER, **wire.stream_headers(kind, answer.seq, ask)}
+        for name, value in reply.headers.items():
+            headers[name.lower()] = value
+        response = web.StreamResponse(status=200, headers=headers)
+        gap = self._frame_gap
+        try:
+            await response.prepare(request)
+            for i, frame in enumerate(frames):
+                if gap is not None and i:
+                    await asyncio.sleep(gap)
+                await response.write(frame)
+            if reply.fault == "drop":
+                if request.transport is not None:
+                    request.transport.close()  # mid-body: the chunked body never ends
+                return response
+            await response.write_eof()
+        except ConnectionResetError:  # aiohttp's write to a transport the caller closed
+            self.aborted.append(model)
+        except asyncio.CancelledError:  # the runner cancels a handler whose caller hung up
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                self.aborted.append(model)
+            raise
+        return response
 
     async def _think(self, request: web.Request, model: str, seconds: float) -> None:
         """Wait out the latency. One timer per request, not a polling loop: the runner has
@@ -292,6 +345,43 @@ class SimPanel:
             return _json({"ok": False, "error": f"bad scenario for {model!r}: {exc}"}, 400)
         self.set_scenario(model, scenario)
         return _json({"ok": True, "model": model})
+
+
+def _reply_error(reply: Reply, status: int | None = None) -> wire.ErrorSpec:
+    return wire.ErrorSpec(
+        reply.status if status is None else status,
+        message=reply.error_message,
+        error_type=reply.error_type,
+        retry_delay=reply.retry_delay,
+        quota_id=reply.quota_id,
+    )
+
+
+def _faulted(kind: Kind, frames: list[bytes], reply: Reply, ask: wire.StreamAsk, model: str) -> list[bytes]:
+    """The frames a faulted stream sends: `malformed` cuts the JSON of its middle frame, `drop`
+    and `truncated` stop after about half of them (the server then cuts the connection, or ends
+    the body cleanly), `stream_error` sends that half and then the wire's error."""
+    fault = reply.fault
+    if fault is None or fault in ("empty", "missing_fields"):
+        return frames
+    half = len(frames) // 2
+    if fault == "malformed":
+        return [*frames[:half], _cut(frames[half]), *frames[half + 1 :]]
+    if fault == "stream_error":
+        spec = _reply_error(reply, wire.stream_error_status(kind, reply.status))
+        return [*frames[:half], wire.stream_error_frame(kind, spec, model, ask)]
+    return frames[:half]
+
+
+def _cut(frame: bytes) -> bytes:
+    """A frame whose JSON is a strict prefix of itself (never valid JSON); a server-sent event
+    keeps its `data:` line and its ending, so a parser still delivers it."""
+    start = frame.rfind(b"data: ")
+    if start < 0:
+        return frame[: len(frame) // 2]
+    start += len(b"data: ")
+    end = len(frame.rstrip(b"\r\n"))
+    return frame[:start] + frame[start : start + (end - start) // 2] + frame[end:]
 
 
 def build_answer(
@@ -425,7 +515,7 @@ async def _success_response(
     headers = _headers(kind, answer.seq, 200, reply.headers)
     if reply.fault == "drop":
         return await _drop(request, data, headers)
-    if reply.fault == "malformed":
+    if reply.fault == "malformed" or reply.fault == "truncated":
         data = data[: len(data) // 2]  # a strict prefix of an object is never valid JSON
     return web.Response(body=data, status=200, headers=headers)
 

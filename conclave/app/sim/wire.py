@@ -14,7 +14,15 @@ import orjson
 
 from conclave.app.sim import native
 from conclave.app.sim.kinds import WIRES
-from conclave.app.sim.kinds.base import LABEL, Answer, ErrorSpec, ParsedRequest, WireError, invalid
+from conclave.app.sim.kinds.base import (
+    LABEL,
+    Answer,
+    ErrorSpec,
+    ParsedRequest,
+    StreamAsk,
+    WireError,
+    invalid,
+)
 from conclave.app.sim.recording import Kind
 
 # What the server reads from here, wherever it is defined.
@@ -23,6 +31,7 @@ __all__ = [
     "Answer",
     "ErrorSpec",
     "ParsedRequest",
+    "StreamAsk",
     "WireError",
     "encode",
     "error_body",
@@ -33,23 +42,33 @@ __all__ = [
     "request_id",
     "response_headers",
     "route",
+    "stream_error_frame",
+    "stream_error_status",
+    "stream_frames",
+    "stream_headers",
+    "stream_unsupported",
     "success_body",
     "tools_unsupported",
     "without_answer",
 ]
 
 
-# Each wire's path search, and whether its path names a model: looked up once, not per request
-# (the panel serves benchmarks on the same cores as what they measure).
-_ROUTES = tuple((kind, w.api_path.search, "model" in w.api_path.groupindex) for kind, w in WIRES.items())
+# Each wire's path search, whether its path names a model and whether it can ask for a stream:
+# looked up once, not per request (the panel serves benchmarks on the same cores as what they
+# measure).
+_ROUTES = tuple(
+    (kind, w.api_path.search, "model" in w.api_path.groupindex, "stream" in w.api_path.groupindex)
+    for kind, w in WIRES.items()
+)
 
 
-def route(path: str) -> tuple[Kind, str | None] | None:
-    """Which wire a path speaks (by its end, so any prefix works), and the model it names."""
-    for kind, search, names_model in _ROUTES:
+def route(path: str) -> tuple[Kind, str | None, bool] | None:
+    """Which wire a path speaks (by its end, so any prefix works), the model it names, and
+    whether the path itself asks for a stream (Gemini's `:streamGenerateContent`)."""
+    for kind, search, names_model, streams in _ROUTES:
         match = search(path)
         if match is not None:
-            return kind, match["model"] if names_model else None
+            return kind, match["model"] if names_model else None, streams and match["stream"] is not None
     return None
 
 
@@ -67,13 +86,19 @@ def invalid_json(kind: Kind) -> ErrorSpec:
 
 
 def parse_request(
-    kind: Kind, body: Any, *, path_model: str | None, headers: Mapping[str, str]
+    kind: Kind,
+    body: Any,
+    *,
+    path_model: str | None,
+    headers: Mapping[str, str],
+    stream_query: Mapping[str, str] | None = None,
 ) -> ParsedRequest:
-    """Validate a decoded body like the real API would; `WireError` if it would refuse it."""
+    """Validate a decoded body like the real API would; `WireError` if it would refuse it.
+    `stream_query`: the query string of a path that asks for a stream, else None."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
     try:
-        return WIRES[kind].parse(body, path_model, headers)
+        return WIRES[kind].parse(body, path_model, headers, stream_query)
     except native.Rejected as exc:
         raise invalid(str(exc), param=exc.param) from None
 
@@ -85,6 +110,27 @@ def tools_unsupported(model: str) -> ErrorSpec:
 
 def success_body(kind: Kind, answer: Answer) -> dict[str, Any]:
     return WIRES[kind].success(answer)
+
+
+def stream_frames(kind: Kind, answer: Answer, ask: StreamAsk, *, answerless: bool = False) -> list[bytes]:
+    return WIRES[kind].stream(answer, ask, answerless)
+
+
+def stream_error_status(kind: Kind, status: int) -> int:
+    """The status of the error a `stream_error` fault reports: the reply's own, else the wire's."""
+    return status if status != 200 else WIRES[kind].stream_error_status
+
+
+def stream_error_frame(kind: Kind, spec: ErrorSpec, model: str, ask: StreamAsk) -> bytes:
+    return WIRES[kind].stream_error(spec, model, ask)
+
+
+def stream_headers(kind: Kind, seq: int, ask: StreamAsk) -> dict[str, str]:
+    return WIRES[kind].stream_headers(seq, ask)
+
+
+def stream_unsupported(kind: Kind, model: str) -> ErrorSpec:
+    return WIRES[kind].stream_unsupported(model)
 
 
 def without_answer(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:

@@ -20,11 +20,15 @@ from conclave.app.sim.kinds.base import (
     CacheRule,
     ErrorSpec,
     ParsedRequest,
+    StreamAsk,
     by_status,
     default_message,
     invalid,
+    pieces,
     require_list,
     require_model,
+    sse,
+    streaming_unsupported,
     text_of,
 )
 from conclave.app.sim.native import Rejected
@@ -55,14 +59,42 @@ class AnthropicWire:
     invalid_json: ClassVar[str] = "There was an error parsing the body of your request: invalid JSON."
     # Explicit: the tools and system blocks up to the last cache_control mark.
     cache: ClassVar[CacheRule] = CacheRule(("tools", "system", "messages"), breakpoints=True)
+    stream_error_status: ClassVar[int] = 529  # "Overloaded", the error streams meet most
 
     def parse(
-        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+        self,
+        body: Mapping[str, Any],
+        path_model: str | None,
+        headers: Mapping[str, str],
+        stream_query: Mapping[str, str] | None = None,
     ) -> ParsedRequest:
         return _parse(body, headers)
 
     def success(self, answer: Answer) -> dict[str, Any]:
         return _success(answer)
+
+    def stream(self, answer: Answer, ask: StreamAsk, answerless: bool = False) -> list[bytes]:
+        return _stream(answer, answerless)
+
+    def stream_error(self, spec: ErrorSpec, model: str, ask: StreamAsk) -> bytes:
+        # An `error` event, then the connection closes with no message_stop.
+        default_type, template = by_status(_BY_STATUS, spec.status)
+        error = {
+            "details": None,
+            "type": spec.error_type or default_type,
+            "message": spec.message or default_message(template, model),
+        }
+        return sse({"type": "error", "error": error}, "error")
+
+    def stream_headers(self, seq: int, ask: StreamAsk) -> dict[str, str]:
+        return {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "request-id": self.request_id(seq),
+        }
+
+    def stream_unsupported(self, model: str) -> ErrorSpec:
+        return streaming_unsupported(model)
 
     def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
         return _error(spec, model, request_id)
@@ -107,8 +139,9 @@ def _parse(body: Mapping[str, Any], headers: Mapping[str, str]) -> ParsedRequest
                 f'messages.{i}: Unexpected role "{role}". The Messages API accepts a top-level '
                 f'`system` parameter, not "{role}" as an input message role.'
             )
-    if body.get("stream"):
-        raise invalid("Streaming is not simulated; send stream=false.")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream: Input should be a valid boolean")
     _check_tools(body, messages)
     texts = [text_of(m.get("content")) for m in messages]
     user_texts = [t for m, t in zip(messages, texts, strict=True) if m["role"] == "user"]
@@ -120,7 +153,11 @@ def _parse(body: Mapping[str, Any], headers: Mapping[str, str]) -> ParsedRequest
         max_tokens=max_tokens,
         declares_tools=native.declares_tools(body),
         answer_schema=_answer_schema(body, headers.get("anthropic-beta") or ""),
+        stream=_STREAM if stream else None,
     )
+
+
+_STREAM = StreamAsk()
 
 
 # ---------------------------------------------------------------------------- structured output
@@ -271,14 +308,18 @@ def _content_blocks(
 
 def _success(a: Answer) -> dict[str, Any]:
     # An empty turn is an empty content list, as Claude really sends it.
-    content = _content_blocks(a.thinking, a.text, a.calls, a.seq)
+    return {**_message(a), "content": _content_blocks(a.thinking, a.text, a.calls, a.seq)}
+
+
+def _message(a: Answer) -> dict[str, Any]:
+    """The message without its content, as `message_start` carries it."""
     stop_reason = "end_turn" if a.finish_reason == "stop" else "max_tokens"
     return {
         "id": f"msg_sim{a.seq:020d}",
         "type": "message",
         "role": "assistant",
         "model": a.model,
-        "content": content,
+        "content": [],
         "stop_reason": "tool_use" if a.calls else stop_reason,
         "stop_sequence": None,
         "usage": {
@@ -289,6 +330,70 @@ def _success(a: Answer) -> dict[str, Any]:
             "service_tier": "standard",
         },
     }
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def _stream(a: Answer, answerless: bool = False) -> list[bytes]:
+    """`message_start` (no content, no stop reason yet, one output token so far), each block
+    opened empty, filled by its deltas and closed, then `message_delta` with the stop reason and
+    the final usage (the cumulative counts newer servers send), and `message_stop`."""
+    message = _message(a)
+    stop_reason = message["stop_reason"]
+    usage = dict(message["usage"])
+    message.update(stop_reason=None, usage={**usage, "output_tokens": 1})
+    blocks = _content_blocks(a.thinking, a.text, a.calls, a.seq)
+    if answerless:  # a message without `content`, and no block
+        del message["content"]
+        blocks = []
+    frames = [sse({"type": "message_start", "message": message}, "message_start")]
+    for index, block in enumerate(blocks):
+        frames.append(
+            sse(
+                {"type": "content_block_start", "index": index, "content_block": _opened(block)},
+                "content_block_start",
+            )
+        )
+        if index == 0:
+            frames.append(_PING)
+        frames.extend(
+            sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
+            for delta in _deltas(block)
+        )
+        frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    if len(frames) == 1:  # no block: the ping still comes
+        frames.append(_PING)
+    del usage["service_tier"]
+    delta = {"stop_reason": stop_reason, "stop_sequence": None}
+    frames.append(sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta"))
+    frames.append(sse({"type": "message_stop"}, "message_stop"))
+    return frames
+
+
+_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def _opened(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as `content_block_start` opens it: its text, thinking and signature empty, its
+    input `{}`."""
+    if block["type"] == "text":
+        return {"type": "text", "text": ""}
+    if block["type"] == "thinking":
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    return {**block, "input": {}}
+
+
+def _deltas(block: dict[str, Any]) -> list[dict[str, Any]]:
+    if block["type"] == "text":
+        return [{"type": "text_delta", "text": piece} for piece in pieces(block["text"])]
+    if block["type"] == "thinking":
+        thought = [{"type": "thinking_delta", "thinking": piece} for piece in pieces(block["thinking"])]
+        return [*thought, {"type": "signature_delta", "signature": block["signature"]}]
+    # The input's JSON text, its first piece empty; a call without arguments sends only that.
+    arguments = block["input"]
+    text = "" if arguments == {} else orjson.dumps(arguments).decode()
+    return [{"type": "input_json_delta", "partial_json": piece} for piece in ["", *pieces(text)]]
 
 
 # ---------------------------------------------------------------------------- errors

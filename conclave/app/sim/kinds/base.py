@@ -6,6 +6,10 @@ Token counts use one convention inside the panel (`Answer`): `input_tokens` is t
 prompt, `cached_tokens` the cached part on top of it, `output_tokens` the visible text and
 `reasoning_tokens` the hidden part on top of that. Each wire maps them onto its provider's own
 semantics (docs/providers.md#usage-normalisation).
+
+A streamed answer is the same turn cut into its wire's frames (`SimWire.stream`): text goes out
+`TOKEN_CHARS` characters (one simulated token) at a time, and putting the frames back together
+as the provider's SDK does gives exactly the body `SimWire.success` renders.
 """
 
 from __future__ import annotations
@@ -36,6 +40,17 @@ class ParsedRequest:
     # The schema the wire's structured-output field asked the answer to follow ({"type":
     # "object"} for a bare JSON mode); None: free text. Checked as the service checks it.
     answer_schema: Mapping[str, Any] | None = None
+    stream: StreamAsk | None = None  # how the request asked for a stream; None: a plain call
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAsk:
+    """What a streamed request asked of its stream (the fields a wire has no say in keep their
+    defaults)."""
+
+    usage: bool = True  # OpenAI: `stream_options.include_usage`, the closing usage chunk
+    obfuscation: bool = True  # OpenAI: `stream_options.include_obfuscation`, padding on each chunk
+    sse: bool = True  # Gemini: `?alt=sse`; without it the stream is one JSON array
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +117,41 @@ class SimWire(Protocol):
     invalid_json: ClassVar[str]  # the service's words for a body that is not JSON
     cache: ClassVar[CacheRule]
 
+    stream_error_status: ClassVar[int]  # the error the `stream_error` fault reports by default
+
     def parse(
-        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+        self,
+        body: Mapping[str, Any],
+        path_model: str | None,
+        headers: Mapping[str, str],
+        stream_query: Mapping[str, str] | None = None,
     ) -> ParsedRequest:
         """Validate a JSON object like the real API would: `WireError` (or `native.Rejected`)
-        if it would refuse it."""
+        if it would refuse it. `stream_query` is the query string of a path that asks for a
+        stream (a `stream` group in `api_path`: Gemini's `:streamGenerateContent`), else None."""
         ...
 
     def success(self, answer: Answer) -> dict[str, Any]: ...
+
+    def stream(self, answer: Answer, ask: StreamAsk, answerless: bool = False) -> list[bytes]:
+        """The same turn as `success(answer)`, as the frames the service streams it in: each a
+        complete server-sent event (Gemini's JSON-array form: a piece of the array). With
+        `answerless` (the `missing_fields` fault) the frames leave out what carries the answer,
+        as `answer_field` is left out of a plain body."""
+        ...
+
+    def stream_error(self, spec: ErrorSpec, model: str, ask: StreamAsk) -> bytes:
+        """The frame that reports an error inside a stream already answered with a 200, after
+        which the service sends nothing more."""
+        ...
+
+    def stream_headers(self, seq: int, ask: StreamAsk) -> dict[str, str]:
+        """The service's response headers for a stream: its content type, its request id."""
+        ...
+
+    def stream_unsupported(self, model: str) -> ErrorSpec:
+        """How a server that cannot stream refuses a streamed request (`Scenario.rejects_stream`)."""
+        ...
 
     def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
         """The error body as the service lays it out, byte for byte."""
@@ -180,6 +222,29 @@ def _response_text(response: Any) -> str:
     if not isinstance(response, dict):
         return ""
     return "\n".join(v if isinstance(v, str) else orjson.dumps(v).decode() for v in response.values())
+
+
+# ---------------------------------------------------------------------------- streams
+
+TOKEN_CHARS = 4  # one simulated token: what each text frame carries
+
+
+def pieces(text: str, size: int = TOKEN_CHARS) -> list[str]:
+    """`text` in consecutive pieces of `size` characters (none for an empty text)."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def sse(payload: Mapping[str, Any] | bytes, event: str | None = None, end: bytes = b"\n\n") -> bytes:
+    """One server-sent event: an optional `event:` line, one `data:` line (compact JSON never
+    holds a raw newline), then the blank line that ends it."""
+    data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    head = b"event: " + event.encode() + b"\n" if event is not None else b""
+    return head + b"data: " + data + end
+
+
+def streaming_unsupported(model: str) -> ErrorSpec:
+    """How an OpenAI-compatible server without streaming refuses `stream: true`."""
+    return ErrorSpec(400, message=f"{LABEL}Streaming is not supported for model {model}; send stream=false.")
 
 
 # ---------------------------------------------------------------------------- errors

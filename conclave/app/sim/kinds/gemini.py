@@ -4,27 +4,37 @@ requests are checked as the API checks them (roles, function call and response c
 signatures); replies leave out what is empty or zero, and errors are 2-space pretty JSON with
 Google's `details`, as Google lays them out. `generationConfig.responseMimeType:
 application/json` asks for a JSON answer, held to `responseJsonSchema` when it is given
-(`conclave/app/sim/structured.py`)."""
+(`conclave/app/sim/structured.py`).
+
+`:streamGenerateContent` streams the turn as whole GenerateContentResponse chunks, one part each
+(text a token at a time, a function call whole), every chunk with the usage so far and the last
+with the finish reason: with `?alt=sse` each chunk a `data:` event ending in CRLF CRLF, without
+it one JSON array written as it goes."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import orjson
 
 from conclave.app.sim import native
 from conclave.app.sim.kinds.base import (
+    LABEL,
     Answer,
     CacheRule,
     ErrorSpec,
     ParsedRequest,
+    StreamAsk,
     WireError,
     by_status,
     default_message,
     invalid,
+    pieces,
     require_list,
+    sse,
     text_of,
 )
 from conclave.app.sim.native import Rejected
@@ -46,21 +56,54 @@ class GeminiWire:
     kind: ClassVar[str] = "gemini"
     base_path: ClassVar[str] = "/gemini"
     api_path: ClassVar[re.Pattern[str]] = re.compile(
-        r"/v1(?:beta|alpha)?/models/(?P<model>[^/]+):generateContent$"
+        r"/v1(?:beta|alpha)?/models/(?P<model>[^/]+):(?:generateContent|(?P<stream>streamGenerateContent))$"
     )
     exact_route: ClassVar[str | None] = None  # the path names the model: the catch-all routes it
     answer_field: ClassVar[str] = "candidates"
     invalid_json: ClassVar[str] = "Invalid JSON payload received. Unexpected token."
     # Implicit: the longest earlier prefix, counted to the token.
     cache: ClassVar[CacheRule] = CacheRule(("tools", "systemInstruction", "contents"))
+    stream_error_status: ClassVar[int] = 503  # "The model is overloaded."
 
     def parse(
-        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+        self,
+        body: Mapping[str, Any],
+        path_model: str | None,
+        headers: Mapping[str, str],
+        stream_query: Mapping[str, str] | None = None,
     ) -> ParsedRequest:
-        return _parse(body, path_model or "")
+        parsed = _parse(body, path_model or "")
+        if stream_query is None:
+            return parsed
+        return replace(parsed, stream=_SSE if stream_query.get("alt") == "sse" else _ARRAY)
 
     def success(self, answer: Answer) -> dict[str, Any]:
         return _success(answer)
+
+    def stream(self, answer: Answer, ask: StreamAsk, answerless: bool = False) -> list[bytes]:
+        dicts = _chunks(answer)
+        if answerless:
+            for chunk in dicts:
+                del chunk["candidates"]
+        chunks = [orjson.dumps(chunk) for chunk in dicts]
+        if ask.sse:
+            return [sse(chunk, end=b"\r\n\r\n") for chunk in chunks]
+        # One JSON array, written element by element.
+        return [b"[" + chunks[0], *(b",\r\n" + chunk for chunk in chunks[1:]), b"]"]
+
+    def stream_error(self, spec: ErrorSpec, model: str, ask: StreamAsk) -> bytes:
+        error = orjson.dumps(_error_body(spec, model))
+        return sse(error, end=b"\r\n\r\n") if ask.sse else b",\r\n" + error + b"]"
+
+    def stream_headers(self, seq: int, ask: StreamAsk) -> dict[str, str]:
+        if ask.sse:
+            return {"content-type": "text/event-stream", "content-disposition": "attachment"}
+        return self.headers(seq, 200)
+
+    def stream_unsupported(self, model: str) -> ErrorSpec:
+        # A server that only has generateContent: the streaming method is not found.
+        message = _BY_STATUS[404][1].replace("for generateContent", "for streamGenerateContent")
+        return ErrorSpec(404, message=LABEL + message.replace("{model}", model))
 
     def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
         return _error(spec, model)
@@ -73,6 +116,10 @@ class GeminiWire:
 
 
 WIRE = GeminiWire()
+
+
+_SSE = StreamAsk()
+_ARRAY = StreamAsk(sse=False)
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -237,29 +284,73 @@ def _success(a: Answer) -> dict[str, Any]:
     # Google leaves out what is empty or zero: no parts when nothing was emitted
     # (the wire sample gemini_max_tokens_no_parts), no zero token counts.
     parts = _content_parts(a.thinking, a.text, a.calls)
+    return _response(a, parts, _finish_reason(a), a.output_tokens)
+
+
+def _response(
+    a: Answer, parts: list[dict[str, Any]], finish: str | None, output_tokens: int
+) -> dict[str, Any]:
+    """A GenerateContentResponse: the whole answer, or one chunk of its stream (`finish` None
+    before the last, `output_tokens` the visible tokens so far)."""
     content: dict[str, Any] = {"parts": parts, "role": "model"} if parts else {"role": "model"}
+    candidate: dict[str, Any] = {"content": content, "finishReason": finish, "index": 0}
+    if finish is None:
+        del candidate["finishReason"]
+    return {
+        "candidates": [candidate],
+        "usageMetadata": _usage(a, output_tokens),
+        "modelVersion": a.model,
+        "responseId": f"sim{a.seq:016x}",
+    }
+
+
+def _finish_reason(a: Answer) -> str:
+    # A function call ends with STOP on this wire, not a tool reason.
+    return "STOP" if a.finish_reason == "stop" or a.calls else "MAX_TOKENS"
+
+
+def _usage(a: Answer, output_tokens: int) -> dict[str, Any]:
     prompt = a.input_tokens + a.cached_tokens
     usage: dict[str, Any] = {"promptTokenCount": prompt}
-    if a.output_tokens:
-        usage["candidatesTokenCount"] = a.output_tokens
-    usage["totalTokenCount"] = prompt + a.output_tokens + a.reasoning_tokens
+    if output_tokens:
+        usage["candidatesTokenCount"] = output_tokens
+    usage["totalTokenCount"] = prompt + output_tokens + a.reasoning_tokens
     if a.cached_tokens:
         usage["cachedContentTokenCount"] = a.cached_tokens
     if a.reasoning_tokens:
         usage["thoughtsTokenCount"] = a.reasoning_tokens
-    return {
-        "candidates": [
-            {
-                "content": content,
-                # A function call ends with STOP on this wire, not a tool reason.
-                "finishReason": "STOP" if a.finish_reason == "stop" or a.calls else "MAX_TOKENS",
-                "index": 0,
-            }
-        ],
-        "usageMetadata": usage,
-        "modelVersion": a.model,
-        "responseId": f"sim{a.seq:016x}",
-    }
+    return usage
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def _chunks(a: Answer) -> list[dict[str, Any]]:
+    """One part per chunk: the thought and the text a token at a time, each function call whole
+    (with its thoughtSignature). The last chunk carries the finish reason and an empty text part,
+    which holds the thoughtSignature when the text is what is signed; a turn with no parts ends
+    on a chunk with none. Each chunk's usage counts the visible tokens so far (thoughts come
+    first, counted whole), the last one the answer's."""
+    whole = _content_parts(a.thinking, a.text, a.calls)
+    streamed: list[tuple[dict[str, Any], int]] = []  # a part, and the visible tokens it adds
+    closing: dict[str, Any] = {"text": ""}
+    for part in whole:
+        if "functionCall" in part:
+            streamed.append((part, 1))
+            continue
+        if "thoughtSignature" in part:
+            closing["thoughtSignature"] = part["thoughtSignature"]
+        thought = {"thought": True} if part.get("thought") else {}
+        # An empty thought is still a part (text is never empty here).
+        texts = pieces(part["text"]) or [""]
+        streamed.extend(({"text": piece, **thought}, 0 if thought else 1) for piece in texts)
+    chunks: list[dict[str, Any]] = []
+    emitted = 0
+    for part, tokens in streamed:
+        emitted = min(emitted + tokens, a.output_tokens)
+        chunks.append(_response(a, [part], None, emitted))
+    chunks.append(_response(a, [closing] if whole else [], _finish_reason(a), a.output_tokens))
+    return chunks
 
 
 # ---------------------------------------------------------------------------- errors
@@ -292,6 +383,10 @@ _BY_STATUS: dict[int, tuple[str, str]] = {
 
 
 def _error(spec: ErrorSpec, model: str) -> bytes:
+    return orjson.dumps(_error_body(spec, model), option=orjson.OPT_INDENT_2)
+
+
+def _error_body(spec: ErrorSpec, model: str) -> dict[str, Any]:
     default_status, template = by_status(_BY_STATUS, spec.status)
     error = {
         "code": spec.status,
@@ -299,7 +394,7 @@ def _error(spec: ErrorSpec, model: str) -> bytes:
         "status": spec.error_type or default_status,
         "details": _error_details(spec),
     }
-    return orjson.dumps({"error": error}, option=orjson.OPT_INDENT_2)
+    return {"error": error}
 
 
 def _error_details(spec: ErrorSpec) -> list[dict[str, Any]]:

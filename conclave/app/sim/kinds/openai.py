@@ -3,7 +3,11 @@
 as the API checks them, tool histories included; replies, errors (4-space pretty JSON with a
 trailing newline) and headers are laid out as OpenAI lays them out. `response_format` is read as
 the API reads it: `json_schema` (strict mode refusing a schema it cannot enforce) or
-`json_object`, whose answer is then one JSON object (`conclave/app/sim/structured.py`)."""
+`json_object`, whose answer is then one JSON object (`conclave/app/sim/structured.py`).
+
+`stream: true` streams the turn as `chat.completion.chunk`s, each a `data:` line: the role, the
+text, each tool call's start and then its arguments, the finish reason, the usage chunk (with
+`stream_options.include_usage`), then `data: [DONE]`."""
 
 from __future__ import annotations
 
@@ -18,12 +22,16 @@ from conclave.app.sim.kinds.base import (
     CacheRule,
     ErrorSpec,
     ParsedRequest,
+    StreamAsk,
     WireError,
     by_status,
     default_message,
     invalid,
+    pieces,
     require_list,
     require_model,
+    sse,
+    streaming_unsupported,
     text_of,
 )
 from conclave.app.sim.native import Rejected
@@ -53,14 +61,26 @@ class OpenAIWire:
     )
     # Automatic: the longest earlier prefix, in steps of 128 tokens; the system prompt is a message.
     cache: ClassVar[CacheRule] = CacheRule(("tools", "messages"), step_tokens=128)
+    stream_error_status: ClassVar[int] = 500
 
     def parse(
-        self, body: Mapping[str, Any], path_model: str | None, headers: Mapping[str, str]
+        self,
+        body: Mapping[str, Any],
+        path_model: str | None,
+        headers: Mapping[str, str],
+        stream_query: Mapping[str, str] | None = None,
     ) -> ParsedRequest:
         return _parse(body)
 
     def success(self, answer: Answer) -> dict[str, Any]:
         return _success(answer)
+
+    def stream(self, answer: Answer, ask: StreamAsk, answerless: bool = False) -> list[bytes]:
+        return _stream(answer, ask, answerless)
+
+    def stream_error(self, spec: ErrorSpec, model: str, ask: StreamAsk) -> bytes:
+        # What the SDK raises on: a `data:` line holding a top-level `error`, then nothing.
+        return sse({"error": _error_object(spec, model)})
 
     def error(self, spec: ErrorSpec, model: str, request_id: str | None) -> bytes:
         return _error(spec, model)
@@ -70,6 +90,12 @@ class OpenAIWire:
 
     def headers(self, seq: int, status: int) -> dict[str, str]:
         return {"content-type": "application/json; charset=utf-8", "x-request-id": self.request_id(seq)}
+
+    def stream_headers(self, seq: int, ask: StreamAsk) -> dict[str, str]:
+        return {"content-type": "text/event-stream; charset=utf-8", "x-request-id": self.request_id(seq)}
+
+    def stream_unsupported(self, model: str) -> ErrorSpec:
+        return streaming_unsupported(model)
 
 
 WIRE = OpenAIWire()
@@ -81,8 +107,12 @@ WIRE = OpenAIWire()
 def _parse(body: Mapping[str, Any]) -> ParsedRequest:
     model = require_model(body, "you must provide a model parameter")
     messages = require_list(body, "messages", missing=_missing_messages, empty=_empty_messages)
-    if body.get("stream"):
-        raise invalid("Streaming is not simulated; send stream=false.", param="stream")
+    stream = body.get("stream")
+    ask = None if stream is None or stream is False else _stream_ask(body, stream)
+    if ask is None and body.get("stream_options") is not None:
+        raise invalid(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
+        )
     if _is_reasoning_model(model):
         _check_reasoning_params(body)
     _check_tools(body, messages)
@@ -98,6 +128,29 @@ def _parse(body: Mapping[str, Any]) -> ParsedRequest:
         max_tokens=max_tokens if isinstance(max_tokens, int) else None,
         declares_tools=native.declares_tools(body),
         answer_schema=_answer_schema(body, texts),
+        stream=ask,
+    )
+
+
+def _stream_ask(body: Mapping[str, Any], stream: Any) -> StreamAsk:
+    if stream is not True:
+        raise invalid(
+            f"Invalid type for 'stream': expected a boolean, but got {_json_type(stream)} instead.",
+            param="stream",
+            code="invalid_type",
+        )
+    options = body.get("stream_options")
+    if options is None:
+        return StreamAsk(usage=False)
+    if not isinstance(options, dict):
+        raise invalid(
+            f"Invalid type for 'stream_options': expected an object, but got {_json_type(options)} instead.",
+            param="stream_options",
+            code="invalid_type",
+        )
+    return StreamAsk(
+        usage=options.get("include_usage") is True,
+        obfuscation=options.get("include_obfuscation") is not False,
     )
 
 
@@ -354,36 +407,101 @@ def _tool_calls(calls: Sequence[NativeCall], seq: int) -> list[dict[str, Any]]:
 
 
 def _success(a: Answer) -> dict[str, Any]:
-    prompt = a.input_tokens + a.cached_tokens
-    completion = a.output_tokens + a.reasoning_tokens
     message: dict[str, Any] = {"role": "assistant", "content": a.text, "refusal": None, "annotations": []}
-    finish_reason: str = a.finish_reason
     if a.calls:
         # OpenAI says null, not "", for a turn that only calls.
         message["content"] = a.text or None
         message["tool_calls"] = _tool_calls(a.calls, a.seq)
-        finish_reason = "tool_calls"
     return {
         "id": f"chatcmpl-sim{a.seq}",
         "object": "chat.completion",
         "created": a.created,
         "model": a.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": a.cached_tokens, "audio_tokens": 0},
-            "completion_tokens_details": {
-                "reasoning_tokens": a.reasoning_tokens,
-                "audio_tokens": 0,
-                "accepted_prediction_tokens": 0,
-                "rejected_prediction_tokens": 0,
-            },
-        },
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(a), "logprobs": None}],
+        "usage": _usage(a),
         "service_tier": "default",
         "system_fingerprint": None,
     }
+
+
+def _finish_reason(a: Answer) -> str:
+    return "tool_calls" if a.calls else a.finish_reason
+
+
+def _usage(a: Answer) -> dict[str, Any]:
+    prompt = a.input_tokens + a.cached_tokens
+    completion = a.output_tokens + a.reasoning_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": a.cached_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": a.reasoning_tokens,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- streaming
+
+# Padding characters for `obfuscation`, which OpenAI sends random and the panel derives.
+_PAD = "kSx18Gpkah38dLw0M5wAKbe8E2c6Xq1aQpK3qslFTUGILk1H5PIzYSIGNFGWO"
+
+
+def _stream(a: Answer, ask: StreamAsk, answerless: bool = False) -> list[bytes]:
+    """The role chunk (`content` "" before text, null for a turn that only calls, which starts
+    its first call there instead), the text a token at a time, each call's start (id, name,
+    `arguments: ""`) and then its arguments in pieces, the finish reason, the usage chunk when
+    asked for, `[DONE]`. Every chunk repeats the id, created, model and tier."""
+    head = {
+        "id": f"chatcmpl-sim{a.seq}",
+        "object": "chat.completion.chunk",
+        "created": a.created,
+        "model": a.model,
+        "service_tier": "default",
+        "system_fingerprint": None,
+    }
+    calls = _tool_calls(a.calls, a.seq)
+    opening: dict[str, Any] = {"role": "assistant", "content": "" if a.text or not calls else None}
+    deltas: list[dict[str, Any]] = [opening]
+    deltas.extend({"content": piece} for piece in pieces(a.text))
+    for i, call in enumerate(calls):
+        function = call["function"]
+        start = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": function["name"], "arguments": ""},
+        }
+        if i == 0 and not a.text:
+            opening["tool_calls"] = [start]
+        else:
+            deltas.append({"tool_calls": [start]})
+        deltas.extend(
+            {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
+            for piece in pieces(function["arguments"])
+        )
+    opening["refusal"] = None
+    chunks = [{**head, "choices": [_choice(delta, None)]} for delta in deltas]
+    chunks.append({**head, "choices": [_choice({}, _finish_reason(a))]})
+    if ask.usage:
+        for chunk in chunks:
+            chunk["usage"] = None
+        chunks.append({**head, "choices": [], "usage": _usage(a)})
+    if answerless:
+        for chunk in chunks:
+            del chunk["choices"]
+    if ask.obfuscation:
+        for i, chunk in enumerate(chunks):
+            chunk["obfuscation"] = _PAD[i % 16 : i % 16 + 1 + (i * 5) % 15]
+    return [*map(sse, chunks), b"data: [DONE]\n\n"]
+
+
+def _choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 # ---------------------------------------------------------------------------- errors
@@ -441,15 +559,18 @@ _BY_ERROR_TYPE: dict[str, tuple[str, str | None, str]] = {
 
 
 def _error(spec: ErrorSpec, model: str) -> bytes:
+    return (json.dumps({"error": _error_object(spec, model)}, indent=4) + "\n").encode("utf-8")
+
+
+def _error_object(spec: ErrorSpec, model: str) -> dict[str, Any]:
     row = by_status(_BY_STATUS, spec.status)
     if spec.error_type is None:
         err_type, code, template = row
     else:
         err_type, code, template = _BY_ERROR_TYPE.get(spec.error_type, (spec.error_type, row[1], row[2]))
-    error = {
+    return {
         "message": spec.message or default_message(template, model),
         "type": err_type,
         "param": spec.param,
         "code": spec.code or code,
     }
-    return (json.dumps({"error": error}, indent=4) + "\n").encode("utf-8")
