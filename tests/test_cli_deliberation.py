@@ -19,6 +19,7 @@ import yaml
 
 from conclave.app.cli import is_loopback, parse_bind
 from conclave.app.render import LiveProgress, render_confer
+from conclave.core.messages import Delta
 from conclave.deliberation import review
 from conclave.schema.schemas import first_error
 
@@ -469,6 +470,23 @@ def test_live_progress_redraws_each_provider_in_place() -> None:
     assert "alpha" in first and "running" in first
     assert "✗ beta   error      1.5s" in second
     assert "… alpha  running    1.5s" in second
+
+
+def test_a_streaming_answer_grows_in_its_row_and_a_chair_gets_a_row_as_it_starts() -> None:
+    progress = LiveProgress.for_confer(["alpha", "beta"], FakeTerminal())
+    progress.start()
+    for word in ("The queue ", "should be ", "managed, because\nops is small."):
+        progress.heard("alpha", None, Delta("text", word))
+    progress.heard("alpha", None, Delta("thinking", "x" * 40))  # counted, not shown
+    alpha = progress.lines()[0]
+    assert "~23 tok" in alpha, "90 characters of text and thinking, about four a token"
+    assert alpha.endswith("should be managed, because ops is small."), "one line, newlines folded"
+    progress.heard("alpha", None, Delta("text", " " + "word " * 30))
+    assert len(progress.lines()[0].split("…")[-1]) <= 48, "only the end of a long answer"
+    progress.record({"provider": "alpha", "status": "ok"})
+    assert "tok" not in progress.lines()[0], "a finished row shows its status"
+    progress.heard("beta", "synthesizer", Delta("text", '{"answer": "Managed'))
+    assert any(line.startswith("  … synthesizer beta") and "Managed" in line for line in progress.lines())
 
 
 def test_coordinate_progress_moves_through_the_roles_in_order() -> None:

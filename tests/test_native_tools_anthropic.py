@@ -74,7 +74,10 @@ async def exchange(
 ) -> tuple[ScriptedTransport, list[Completion]]:
     """Send the requests in turn (a callable builds the next one from the last completion) and
     return what was sent and what came back."""
-    entry = provider_entry("anthropic", "claude-sonnet-4-5", "https://api.anthropic.com", api_key_env="K")
+    # Plain calls: the fixtures are recorded whole bodies (streams: tests/test_stream_assembly.py).
+    entry = provider_entry(
+        "anthropic", "claude-sonnet-4-5", "https://api.anthropic.com", api_key_env="K", stream=False
+    )
     config = make_config({"p": entry}, env={"K": KEY})
     transport = ScriptedTransport(*(steps or (answer("final_answer"),)))
     completions: list[Completion] = []

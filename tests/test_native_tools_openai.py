@@ -56,8 +56,11 @@ async def exchange(
     entry: dict[str, Any],
     *turns: tuple[CompletionRequest, str],
 ) -> tuple[list[Completion], list[Any]]:
-    """Each request answered by its named fixture; the completions and the bodies sent."""
-    config = make_config({"p": {**entry, "api_key_env": "TEST_KEY"}}, env={"TEST_KEY": "sk-test"})
+    """Each request answered by its named fixture; the completions and the bodies sent. Plain calls:
+    the fixtures are recorded whole bodies (streams: tests/test_stream_assembly.py)."""
+    config = make_config(
+        {"p": {**entry, "api_key_env": "TEST_KEY", "stream": False}}, env={"TEST_KEY": "sk-test"}
+    )
     transport = ScriptedTransport(*(fixture(name) for _, name in turns))
     async with open_pool(config, transport) as pool:
         completions = [

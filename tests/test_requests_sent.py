@@ -163,15 +163,23 @@ async def test_anthropic_opus_4_8_gets_no_sampling_settings(make_config: Callabl
     assert "temperature" not in t.bodies()[0]
 
 
-async def test_gemini_key_goes_in_a_header_never_in_the_url(make_config: Callable[..., Config]) -> None:
+@pytest.mark.parametrize(
+    ("stream", "method"), [(True, "streamGenerateContent?alt=sse"), (False, "generateContent")]
+)
+async def test_gemini_key_goes_in_a_header_never_in_the_url(
+    make_config: Callable[..., Config], stream: bool, method: str
+) -> None:
     t = await send(
         make_config,
-        provider_entry("gemini", "gemini-2.5-flash", "https://generativelanguage.googleapis.com"),
+        provider_entry(
+            "gemini", "gemini-2.5-flash", "https://generativelanguage.googleapis.com", stream=stream
+        ),
         "gemini_thoughts",
     )
     request = t.requests[0]
-    assert str(request.url) == (
-        "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
+    assert (
+        str(request.url)
+        == f"https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:{method}"
     )
     assert KEY not in str(request.url)
     assert request.headers["x-goog-api-key"] == KEY

@@ -434,3 +434,40 @@ async def test_a_blank_question_is_invalid_params_naming_it(
     assert reply["error"]["code"] == -32602
     assert reply["error"]["data"]["path"] == f"$.{argument}"
     assert "is blank" in reply["error"]["message"] + str(reply["error"]["data"])
+
+
+async def test_while_answers_stream_progress_says_how_far_each_member_is(tmp_path: Path) -> None:
+    async with SimPanel(stream_tokens_per_s=60) as slow:
+        for model in ("m-alpha", "m-beta", "m-gamma"):
+            slow.set_scenario(model, Scenario(replies=(Reply(text="word " * 40),)))
+        server = await start_server(panel_config(slow, tmp_path), tmp_path)
+        try:
+            await initialize(server)
+            started = anyio.current_time()
+            params = {"name": "confer", "arguments": {"question": "Which?"}, "_meta": {"progressToken": 9}}
+            await server.send({"jsonrpc": "2.0", "id": "s1", "method": "tools/call", "params": params})
+            notes, reply = [], None
+            while reply is None:
+                message = await server.recv()
+                if message.get("method") == "notifications/progress":
+                    notes.append(message["params"])
+                else:
+                    reply = message
+            took = anyio.current_time() - started
+        finally:
+            server.process.kill()
+            await server.process.wait()
+    assert reply["result"]["isError"] is False
+    counted = [n for n in notes if "tokens" in n["message"]]
+    assert counted, "token counts came while the answers streamed"
+    assert len(counted) <= took / 0.5 + 1, "at most one count every 0.5 s for the whole call"
+    progress = [n["progress"] for n in notes]
+    assert progress == sorted(progress) and len(set(progress)) == len(progress), "progress only grows"
+    seen: dict[str, int] = {}
+    for note in counted:
+        for part in note["message"].split(", "):
+            member, _, count = part.partition(": ")
+            tokens = int(count.removesuffix(" tokens"))
+            assert tokens >= seen.get(member, 0), "a member's count never decreases"
+            seen[member] = tokens
+    assert set(seen) <= {"alpha", "beta", "gamma"} and seen

@@ -28,7 +28,7 @@ from conclave.core.errors import ConclaveError
 from conclave.deliberation.confer import confer as _confer
 from conclave.deliberation.coordinate import coordinate as _coordinate
 from conclave.deliberation.results import ConferResult, CoordinateResult
-from conclave.deliberation.session import ProgressSink
+from conclave.deliberation.session import DeltaSink, ProgressSink
 from conclave.net.http import Transport
 from conclave.schema.config import Config, CostCapMode, WorkerToolMode, load_config
 from conclave.schema.schemas import check_arguments, load_schema
@@ -85,14 +85,15 @@ class Conclave:
         vote_fields: Sequence[str] | None = None,
         tolerance: float | None = None,
         progress: ProgressSink | None = None,
+        deltas: DeltaSink | None = None,
     ) -> ConferResult:
         """Ask every panel member (or `providers`) `question` at once; with `review`, each ranks
         the others' answers blind; with `synthesize`, a chair writes the final answer. With
         `answer_schema`, each answers with a JSON object valid against it, and the result's
         `vote` counts them (`vote_fields`, `tolerance`: what is voted, and how close numbers
-        must be to agree)."""
+        must be to agree). `deltas(provider, role, delta)` hears each answer as it streams in."""
         args = _arguments("confer", locals())
-        return await _confer(self._open(), args, progress=progress)
+        return await _confer(self._open(), args, progress=progress, deltas=deltas)
 
     async def coordinate(
         self,
@@ -115,6 +116,7 @@ class Conclave:
         stop_when_converged: bool | None = None,
         answer_schema: Mapping[str, Any] | None = None,
         progress: ProgressSink | None = None,
+        deltas: DeltaSink | None = None,
     ) -> CoordinateResult:
         """Run a proposer -> critics -> synthesizer debate on `task`, stopping early (unless
         `stop_when_converged` is False) once every critic accepts. With `answer_schema`, the
@@ -122,7 +124,7 @@ class Conclave:
         `result.synthesis.value` (None when no synthesizer gave a valid one; the result is then
         degraded)."""
         args = _arguments("coordinate", locals())
-        return await _coordinate(self._open(), args, progress=progress)
+        return await _coordinate(self._open(), args, progress=progress, deltas=deltas)
 
     async def fetch(
         self, url: str, *, max_bytes: int | None = None, session_id: str | None = None

@@ -20,18 +20,19 @@ from conclave.tools.spec import FETCH, VERIFY, ToolInvocation, ToolSpec
 
 if TYPE_CHECKING:
     from conclave.app.runtime import Runtime
-    from conclave.deliberation.session import ProgressSink
+    from conclave.deliberation.session import DeltaSink, ProgressSink
 
 __all__ = ["TOOLS", "TOOL_NAMES", "Invocation", "ToolSpec", "handler_modules", "tool_spec"]
 
 
 @dataclass(frozen=True, slots=True)
 class Invocation(ToolInvocation):
-    """What the server and the CLI hand a handler: the tool context, and the runtime and a
-    progress sink, which `confer`, `coordinate` and `list_providers` need."""
+    """What the server and the CLI hand a handler: the tool context, and the runtime, a progress
+    sink and a delta sink, which `confer`, `coordinate` and `list_providers` need."""
 
     runtime: Runtime | None = None
     progress: ProgressSink | None = None
+    deltas: DeltaSink | None = None  # hears the answers as they stream in (a terminal, MCP progress)
 
     def require_runtime(self) -> Runtime:
         if self.runtime is None:

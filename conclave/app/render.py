@@ -19,11 +19,14 @@ import anyio
 import orjson
 
 from conclave.app.labels import plural, reason_codes, unique, warning_label
+from conclave.core.messages import Delta
 from conclave.schema.config import Config
 
 Deliberation = Literal["confer", "coordinate"]  # the tools whose results this module draws
 REDRAW_SECONDS = 0.1
 _UP_AND_CLEAR = "\x1b[F\x1b[K"  # cursor to the start of the previous line, then clear it
+_HEARD_CHARS = 200  # of a streaming answer's text, kept to show its end
+_TAIL_SHOWN = 48  # of which a progress line shows this much
 
 
 # ---------------------------------------------------------------- styles and small formatters
@@ -468,6 +471,13 @@ class _Row:
     state: str = "waiting"  # waiting, running, then the answer's status
     started: float | None = None
     elapsed: float | None = None
+    heard: str = ""  # the end of the text streamed so far
+    chars: int = 0  # of everything streamed (text, thinking, tool-call arguments)
+
+    def hear(self, delta: Delta) -> None:
+        self.chars += len(delta.text)
+        if delta.kind == "text":
+            self.heard = (self.heard + delta.text)[-_HEARD_CHARS:]
 
     @property
     def finished(self) -> bool:
@@ -504,6 +514,16 @@ class LiveProgress:
     def start(self) -> None:
         self._mark = self.clock()
         self._start_stage()
+
+    def heard(self, provider: str, role: str | None, delta: Delta) -> None:
+        """The DeltaSink handed to confer/coordinate: a running row's text grows as it streams
+        (a role nobody planned, a confer's reviewer or chair, gets its row as it starts)."""
+        row = self._running_row(provider, role)
+        if row is None:
+            label = _event_label({"provider": provider, "role": role}, planned=self._planned(role))
+            row = _Row(label, provider, role, state="running", started=self.clock())
+            self._current().append(row)
+        row.hear(delta)
 
     async def sink(self, event: Mapping[str, Any]) -> None:
         """The ProgressSink handed to confer/coordinate: one call per finished provider or role
@@ -589,7 +609,11 @@ def _progress_line(row: _Row, width: int, now: float) -> str:
     if row.state == "waiting":
         return f"  · {row.label.ljust(width)}  waiting"
     if row.state == "running":
-        return f"  … {row.label.ljust(width)}  running  {now - (row.started or now):5.1f}s"
+        line = f"  … {row.label.ljust(width)}  running  {now - (row.started or now):5.1f}s"
+        if row.chars:  # streaming: how far it is, and the end of what it says
+            tail = " ".join(row.heard.split())[-_TAIL_SHOWN:]
+            line += f"  ~{-(-row.chars // 4)} tok" + (f"  …{tail}" if tail else "")
+        return line
     mark = "✓" if row.state == "ok" else "✗"
     return f"  {mark} {row.label.ljust(width)}  {row.state.ljust(7)}  {row.elapsed or 0.0:5.1f}s"
 

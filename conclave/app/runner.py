@@ -18,4 +18,4 @@ async def run_tool(
     if progress is None:
         return await tool.run(args, Invocation(runtime.tool_context, runtime))
     async with progress.shown():
-        return await tool.run(args, Invocation(runtime.tool_context, runtime, progress.sink))
+        return await tool.run(args, Invocation(runtime.tool_context, runtime, progress.sink, progress.heard))

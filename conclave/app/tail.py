@@ -40,7 +40,13 @@ _ALARMS = frozenset(
     }
 )
 _NOTICES = frozenset(
-    {"provider_retry", "worker_tool_cost_warning", "breaker_closed", "state_backend_restored"}
+    {
+        "provider_retry",
+        "provider_stream_refused",
+        "worker_tool_cost_warning",
+        "breaker_closed",
+        "state_backend_restored",
+    }
 )
 _HEADER_FIELDS = frozenset({"ts", "event", "session_id", "provider", "role"})
 
@@ -220,6 +226,7 @@ _DESCRIBERS: dict[str, Callable[[Mapping[str, Any], Style], list[str]]] = {
     "provider_retry": _provider_retry,
     "breaker_open": _breaker_open,
     "breaker_closed": _fields(),
+    "provider_stream_refused": _fields("kind"),
     "fetch": _fetch,
     "fetch_blocked": _fetch_blocked,
     "session_start": _session_start,

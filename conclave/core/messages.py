@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, Literal, Protocol
 
@@ -153,6 +153,25 @@ def _plus(a: int | None, b: int | None) -> int | None:
     return None if a is None and b is None else (a or 0) + (b or 0)
 
 
+DeltaKind = Literal["text", "thinking", "tool_call"]
+
+
+@record
+class Delta:
+    """A piece of an answer as it streams in: new text, new thinking, or a fragment of a tool
+    call's arguments (JSON text) for the call at `index`, whose `name` comes with its first."""
+
+    kind: DeltaKind
+    text: str
+    index: int = 0
+    name: str | None = None
+
+
+# Who hears an answer's deltas as they come (the session's progress: a terminal, MCP progress, an
+# HTTP stream); never the event log.
+DeltaListener = Callable[[Delta], None]
+
+
 @record
 class Completion:
     """One normalized model answer, as every adapter returns it."""
@@ -164,6 +183,7 @@ class Completion:
     provider: str = ""
     request_id: str | None = None
     latency_ms: float = 0.0
+    ttft_ms: float | None = None  # to the first delta of a streamed answer; a plain one's whole reply
     attempts: int = 1
     warnings: tuple[str, ...] = field(default_factory=tuple)
     tool_uses: tuple[ToolUse, ...] = ()  # the model's native calls, in the order given
@@ -189,4 +209,6 @@ class Completer(Protocol):
     @property
     def name(self) -> str: ...
 
-    def complete(self, request: CompletionRequest, *, deadline: float) -> Awaitable[Completion]: ...
+    def complete(
+        self, request: CompletionRequest, *, deadline: float, listener: DeltaListener | None = None
+    ) -> Awaitable[Completion]: ...

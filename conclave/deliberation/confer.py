@@ -41,6 +41,7 @@ from conclave.deliberation.roles import (
     turn_system,
 )
 from conclave.deliberation.session import (
+    DeltaSink,
     ProgressSink,
     Runtime,
     Session,
@@ -55,7 +56,11 @@ from conclave.schema.answer_schema import check_answer_schema
 
 
 async def confer(
-    runtime: Runtime, args: Mapping[str, Any] | ConferRequest, *, progress: ProgressSink | None = None
+    runtime: Runtime,
+    args: Mapping[str, Any] | ConferRequest,
+    *,
+    progress: ProgressSink | None = None,
+    deltas: DeltaSink | None = None,
 ) -> ConferResult:
     """Ask every provider in `providers` (default: the panel); `args` are confer's arguments,
     already valid against `schemas/confer.input.json`, or the request built from them."""
@@ -67,7 +72,7 @@ async def confer(
             tool="confer",
         )
     _check_structured(request)
-    session = Session(runtime, "confer", request, progress)
+    session = Session(runtime, "confer", request, progress, deltas)
     return await run_session(session, _Confer(session, request))
 
 

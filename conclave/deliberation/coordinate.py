@@ -31,7 +31,14 @@ from conclave.deliberation.roles import (
     synthesizer_prompt,
     turn_system,
 )
-from conclave.deliberation.session import ProgressSink, Runtime, Session, merged_warnings, run_session
+from conclave.deliberation.session import (
+    DeltaSink,
+    ProgressSink,
+    Runtime,
+    Session,
+    merged_warnings,
+    run_session,
+)
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.schema.answer_schema import check_answer_schema
 from conclave.schema.config import RolesConfig
@@ -41,14 +48,18 @@ ROLES: tuple[Role, ...] = ("proposer", "critic", "synthesizer")
 
 
 async def coordinate(
-    runtime: Runtime, args: Mapping[str, Any] | CoordinateRequest, *, progress: ProgressSink | None = None
+    runtime: Runtime,
+    args: Mapping[str, Any] | CoordinateRequest,
+    *,
+    progress: ProgressSink | None = None,
+    deltas: DeltaSink | None = None,
 ) -> CoordinateResult:
     """Run the debate on `task`; `args` are coordinate's arguments, already valid against
     `schemas/coordinate.input.json`, or the request built from them."""
     request = args if isinstance(args, CoordinateRequest) else request_from(CoordinateRequest, args)
     if request.answer_schema is not None:  # held to the portable subset, as confer's is
         check_answer_schema(request.answer_schema, tool="coordinate")
-    session = Session(runtime, "coordinate", request, progress)
+    session = Session(runtime, "coordinate", request, progress, deltas)
     return await run_session(session, _Debate(session, request))
 
 

@@ -39,6 +39,7 @@ class Answer:
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
     latency_ms: float = 0.0
+    ttft_ms: float | None = None  # to its first streamed delta (a plain call: its whole reply)
     hops: int = 0
     warnings: tuple[str, ...] = ()
     inner_tool_calls: tuple[InnerCall, ...] = ()
@@ -65,6 +66,7 @@ class Answer:
             "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
             "latency_ms": round(self.latency_ms, 3),
+            "ttft_ms": round(self.ttft_ms, 3) if self.ttft_ms is not None else None,
             "hops": self.hops,
             "warnings": list(self.warnings),
         }

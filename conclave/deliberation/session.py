@@ -16,7 +16,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -24,7 +24,7 @@ import httpx
 
 from conclave.core.budgets import CostCap, CostCapReport, combined
 from conclave.core.errors import SessionInFlight
-from conclave.core.messages import Message, Usage
+from conclave.core.messages import Delta, DeltaListener, Message, Usage
 from conclave.deliberation.answers import answer_from, unknown_provider
 from conclave.deliberation.plan import TurnShape, planned_call
 from conclave.deliberation.requests import CallRequest
@@ -51,6 +51,9 @@ from conclave.worker.loop import WORKER_ALLOWLIST, Worker, WorkerTurn
 # Progress steps: one per finished answer ({"provider", "status", ...}), and while a call runs,
 # a heartbeat every server.progress_heartbeat_seconds ({"waiting": ["critic beta", ...]}).
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
+# Who hears the answers as they stream in, each delta with the provider and role it comes from
+# (None: a panel member's answer). Called in the stream's own task: it must not block.
+DeltaSink = Callable[[str, str | None, Delta], None]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
 NATIVE_KINDS = frozenset(kind for kind, spec in KINDS.items() if spec.native_tools)
 
@@ -111,10 +114,16 @@ class Session:
     """One call's shared state and the one way its members are asked."""
 
     def __init__(
-        self, runtime: Runtime, tool: str, request: CallRequest, progress: ProgressSink | None
+        self,
+        runtime: Runtime,
+        tool: str,
+        request: CallRequest,
+        progress: ProgressSink | None,
+        deltas: DeltaSink | None = None,
     ) -> None:
         limits = runtime.config.limits
         self.runtime, self.tool, self.request, self.progress = runtime, tool, request, progress
+        self.deltas = deltas
         self.id: str = request.session_id or f"s-{uuid.uuid4().hex[:20]}"
         self.canary = new_canary()
         self.tools = ToolPlan.of(request, runtime)
@@ -172,6 +181,8 @@ class Session:
         )
         ticket = next(self._tickets)
         self.awaiting[ticket] = f"{role} {name}" if role else name
+        if self.deltas is not None:
+            turn = replace(turn, listener=_heard_as(self.deltas, name, role))
         try:
             outcome = await self.runtime.worker.run(turn)
         finally:
@@ -348,6 +359,13 @@ async def _deliberate(session: Session, deliberation: Deliberation[Result]) -> R
         result = await deliberation.deliberate()
         group.cancel_scope.cancel()
     return result
+
+
+def _heard_as(sink: DeltaSink, provider: str, role: str | None) -> DeltaListener:
+    def listener(delta: Delta) -> None:
+        sink(provider, role, delta)
+
+    return listener
 
 
 async def _heartbeat(session: Session, progress: ProgressSink) -> None:

@@ -2,7 +2,6 @@
 how keyword arguments become attribute names. Imports no OpenTelemetry: `conclave.obs._otel`
 builds on these, and `conclave.obs.tracing.tracer_for` picks one of the two."""
 
-
 from __future__ import annotations
 
 from contextlib import AbstractContextManager

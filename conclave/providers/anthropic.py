@@ -23,6 +23,7 @@ import orjson
 
 from conclave.core.messages import CompletionRequest, Message, ToolDeclaration, ToolUse, Usage
 from conclave.providers.base import (
+    IN_STREAM_ERROR_STATUS,
     JSON_HEADERS,
     Endpoint,
     ErrorDetails,
@@ -31,8 +32,12 @@ from conclave.providers.base import (
     ParsedCompletion,
     as_int,
     bare_model,
+    event_json,
+    event_stream,
     header_text,
+    names_streaming,
 )
+from conclave.providers.streaming import Delta, StreamFailed
 from conclave.schema.config import ProviderConfig
 from conclave.schema.strictjson import tool_arguments
 
@@ -122,12 +127,146 @@ class AnthropicAdapter:
             sticky_quota=code == "billing_error",
         )
 
+    def stream_endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
+        return event_stream(self.endpoint(entry, key))
+
+    def stream_body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
+        return {**self.body(request, entry), "stream": True}
+
+    def assembler(self, entry: ProviderConfig) -> AnthropicStream:
+        return AnthropicStream()
+
+    def refuses_stream(self, status: int, details: ErrorDetails) -> bool:
+        return names_streaming(status, details)
+
+
+# The HTTP status of each error type, for an `error` event inside a stream that began with 200.
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "gateway_timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
+class AnthropicStream:
+    """A Messages event stream rebuilt into the Messages response of the same answer
+    (docs/providers.md#reading-streams): `message_start`'s message, its content blocks in index
+    order grown by their deltas (text, thinking and its signature, citations, and a tool call's
+    input as the JSON of its concatenated `partial_json`), `message_delta`'s stop reason and usage
+    (each count it repeats, the last value), until `message_stop`. An `error` event fails the
+    stream."""
+
+    def __init__(self) -> None:
+        self._message: dict[str, Any] = {}
+        self._usage: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self._calls: dict[int, int] = {}  # a tool_use block's index -> its place among the calls
+        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done
+
+    def feed(self, event: str, data: str) -> list[Delta]:
+        payload = event_json(data)
+        kind = payload.get("type") if event == "message" else event  # "message": no `event:` line
+        if kind == "error":
+            err = payload.get("error")
+            error_type = err.get("type") if isinstance(err, dict) else None
+            raise StreamFailed(_ERROR_STATUS.get(str(error_type), IN_STREAM_ERROR_STATUS), payload)
+        if kind == "message_start" and isinstance(payload.get("message"), dict):
+            self._message = dict(payload["message"])
+            self._usage = dict(self._message.get("usage") or {})
+        elif kind == "content_block_start":
+            return self._start(payload)
+        elif kind == "content_block_delta":
+            return self._delta(payload)
+        elif kind == "message_delta":
+            self._message.update(payload.get("delta") or {})
+            # message_start counts the input; output_tokens here is the total so far, and newer
+            # servers repeat the input and cache counts too: the last value of each wins.
+            self._usage.update({k: v for k, v in (payload.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self._done = True
+        return []  # ping, content_block_stop, and what a later API adds
+
+    def _start(self, payload: dict[str, Any]) -> list[Delta]:
+        index, block = payload.get("index"), payload.get("content_block")
+        if not isinstance(index, int) or not isinstance(block, dict):
+            return []
+        self._blocks[index] = dict(block)
+        if "input" in block:  # tool_use (and the server's own tools): input comes as JSON pieces
+            self._json[index] = []
+        if block.get("type") == "tool_use":
+            self._calls[index] = len(self._calls)
+            return [Delta("tool_call", "", index=self._calls[index], name=block.get("name"))]
+        return []
+
+    def _delta(self, payload: dict[str, Any]) -> list[Delta]:
+        index, delta = payload.get("index"), payload.get("delta")
+        if not isinstance(index, int) or index not in self._blocks or not isinstance(delta, dict):
+            return []
+        block = self._blocks[index]
+        kind = delta.get("type")
+        if kind == "text_delta" and isinstance(delta.get("text"), str):
+            block["text"] = str(block.get("text") or "") + delta["text"]
+            return [Delta("text", delta["text"])] if delta["text"] else []
+        if kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+            block["thinking"] = str(block.get("thinking") or "") + delta["thinking"]
+            return [Delta("thinking", delta["thinking"])] if delta["thinking"] else []
+        if kind == "signature_delta":
+            block["signature"] = delta.get("signature")  # whole, as the SDK takes it
+        elif kind == "citations_delta":
+            block["citations"] = [*(block.get("citations") or []), delta.get("citation")]
+        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            fragment = delta["partial_json"]
+            self._json.setdefault(index, []).append(fragment)
+            if index in self._calls and fragment:
+                return [Delta("tool_call", fragment, index=self._calls[index])]
+        return []
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": "message", "role": "assistant", **self._message}
+        if self._blocks or "content" in body:  # message_start's content is [], when it has one
+            body["content"] = [self._block(index) for index in sorted(self._blocks)]
+        body.setdefault("stop_reason", None)
+        body.setdefault("stop_sequence", None)
+        body["usage"] = dict(self._usage)
+        return body
+
+    def _block(self, index: int) -> dict[str, Any]:
+        block = dict(self._blocks[index])
+        if index in self._json:
+            block["input"] = _streamed_input("".join(self._json[index]))
+        return block
+
+
+def _streamed_input(text: str) -> Any:
+    """A tool call's input from its concatenated `partial_json`: {} for none, decoded as a plain
+    body is (a duplicate key collapses the same way); JSON that does not decode stays text, for
+    the strict arguments check to refuse."""
+    if not text:
+        return {}
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
 
 KIND = KindSpec(
     AnthropicAdapter(),
     native_tools=True,
     structured_output=True,
-    streaming=False,
+    streaming=True,
     cache="breakpoint",  # cache_control on the shared system block (`_system`)
     otel_name="anthropic",
     answer_field="content",

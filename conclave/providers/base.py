@@ -4,12 +4,16 @@ from an HTTP status (plus the provider's own error code) to Conclave's error tre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Literal, Protocol
 
+import orjson
+
 from conclave.core.errors import (
+    MalformedResponse,
     PermanentProviderError,
     ProviderError,
     ProviderTimeout,
@@ -20,6 +24,7 @@ from conclave.core.messages import CompletionRequest, ToolUse, Usage
 from conclave.core.records import record
 from conclave.core.version import __version__
 from conclave.net.http import ResponseHeaders
+from conclave.providers.streaming import Assembler
 from conclave.schema.config import ProviderConfig
 
 Headers = ResponseHeaders  # a response's headers, as the transport hands them over (see conclave.net.http)
@@ -66,7 +71,11 @@ class ErrorDetails:
 
 
 class Adapter(Protocol):
-    """Maps Conclave's neutral request to one wire format and back. No I/O here."""
+    """Maps Conclave's neutral request to one wire format and back. No I/O here.
+
+    A streamed call (docs/providers.md#reading-streams) goes to `stream_endpoint` with
+    `stream_body`, and the kind's `assembler` rebuilds from its events the body a plain call
+    would have had, which `parse` then reads as it reads any other."""
 
     kind: ClassVar[str]
 
@@ -77,6 +86,23 @@ class Adapter(Protocol):
     def parse(self, body: Any, headers: Headers, entry: ProviderConfig) -> ParsedCompletion: ...
 
     def error_details(self, body: Any, headers: Headers) -> ErrorDetails: ...
+
+    def stream_endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
+        """Where a streamed call goes, with `endpoint`'s headers (and `accept: text/event-stream`)."""
+        ...
+
+    def stream_body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
+        """`body` with the wire's stream flags."""
+        ...
+
+    def assembler(self, entry: ProviderConfig) -> Assembler:
+        """A new assembler for one streamed answer."""
+        ...
+
+    def refuses_stream(self, status: int, details: ErrorDetails) -> bool:
+        """Whether this error answer to a streamed request says the server cannot stream (so the
+        call is made plainly instead), rather than that the request failed."""
+        ...
 
 
 # How a kind's provider caches a repeated prompt prefix (docs/providers.md#prompt-caching):
@@ -95,7 +121,9 @@ class KindSpec:
     # The wire can hold an answer to a JSON Schema: a request's `answer_schema` goes out in the
     # wire's own field (docs/providers.md#structured-output).
     structured_output: bool
-    streaming: bool  # the adapter reads streamed answers (none does yet: replies are read whole)
+    # The adapter reads streamed answers: `stream_endpoint`, `stream_body` and an `assembler` that
+    # rebuilds the plain body from the events (docs/providers.md#reading-streams).
+    streaming: bool
     cache: CacheMechanics
     otel_name: str  # OpenTelemetry's `gen_ai.provider.name` for the kind
     # The member of a successful body that holds the answer: a 200 body with a non-null `error`
@@ -154,6 +182,53 @@ def _uncurable_rate_limit(details: ErrorDetails) -> bool:
         return True
     haystack = f"{details.code or ''} {details.message}".lower()
     return any(marker in haystack for marker in _UNCURABLE_429)
+
+
+# A streamed request refused for being streamed: a 4xx whose words name streaming ("stream",
+# "streaming is not supported", "stream_options"), not "upstream".
+_NAMES_STREAMING = re.compile(r"\bstream", re.IGNORECASE)
+# The status an in-stream error counts as when it names none.
+IN_STREAM_ERROR_STATUS = 502
+
+
+def names_streaming(status: int, details: ErrorDetails) -> bool:
+    """The shared half of `Adapter.refuses_stream`: a client error (not one that waiting cures)
+    whose message or code speaks of streaming."""
+    if not 400 <= status < 500 or status in RETRYABLE_STATUSES:
+        return False
+    return bool(_NAMES_STREAMING.search(f"{details.code or ''} {details.message}"))
+
+
+def event_stream(endpoint: Endpoint, url: str | None = None) -> Endpoint:
+    """`endpoint` (at `url`, when the stream has its own) asking for server-sent events; an
+    `accept` the entry's own headers set is kept."""
+    headers = dict(endpoint.headers)
+    if not any(name.lower() == "accept" for name in headers):
+        headers["accept"] = "text/event-stream"
+    return Endpoint(url or endpoint.url, headers)
+
+
+def event_json(data: str) -> dict[str, Any]:
+    """One event's data as a JSON object. Anything else is a malformed answer, as a plain body
+    that is not a JSON object is: not retried, and counted against the provider's breaker."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        size = len(data.encode("utf-8", "surrogatepass"))
+        raise MalformedResponse(
+            f"HTTP 200 stream with an event that is not a JSON object ({size} bytes)", status=200
+        )
+    return value
+
+
+def in_stream_status(code: Any) -> int:
+    """The HTTP status an in-stream error's own `code` names, when it is one (an int of 400 or
+    more), else `IN_STREAM_ERROR_STATUS`."""
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        return code
+    return IN_STREAM_ERROR_STATUS
 
 
 def retry_after_from_headers(headers: Headers) -> float | None:

@@ -25,13 +25,14 @@ from conclave.core.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.core.messages import Completion, CompletionRequest
+from conclave.core.messages import Completion, CompletionRequest, DeltaListener
 from conclave.core.records import record
-from conclave.net.http import Transport, TransportError
+from conclave.net.http import Streamed, Transport, TransportError
 from conclave.obs.telemetry import Telemetry
 from conclave.providers.base import Adapter, Endpoint, Headers, ParsedCompletion, status_error
 from conclave.providers.kinds import KINDS
 from conclave.providers.pricing import cost_usd
+from conclave.providers.streaming import Assembler, StreamFailed, events
 from conclave.schema.config import ProviderConfig, RetryConfig
 from conclave.state.base import Breaker, Slots
 
@@ -59,7 +60,9 @@ class CompletionClient(Protocol):
     @property
     def breaker(self) -> Breaker: ...
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion: ...
+    async def complete(
+        self, request: CompletionRequest, *, deadline: float, listener: DeltaListener | None = None
+    ) -> Completion: ...
 
 
 class ProviderClient:
@@ -90,6 +93,10 @@ class ProviderClient:
         self._transport = transport
         self._key = api_key
         self._endpoint = adapter.endpoint(entry, api_key)
+        # Answers are streamed where the kind and the entry allow; a server that refuses a stream
+        # is called plainly from then on, for as long as this client lives (the process).
+        self._streams = KINDS[entry.kind].streaming and entry.stream
+        self._stream_endpoint = adapter.stream_endpoint(entry, api_key) if self._streams else None
         self._retry = retry
         self._telemetry = telemetry
         self._slots = slots
@@ -101,17 +108,19 @@ class ProviderClient:
     def name(self) -> str:
         return self.entry.name
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
-        """Ask the model once (with retries), by `deadline` (a `clock()` instant). No span here:
-        with tracing on, the pool hands out this client wrapped in an `InstrumentedProviderClient`
+    async def complete(
+        self, request: CompletionRequest, *, deadline: float, listener: DeltaListener | None = None
+    ) -> Completion:
+        """Ask the model once (with retries), by `deadline` (a `clock()` instant), streamed where
+        the provider can (`listener` hears the answer's deltas as they come). No span here: with
+        tracing on, the pool hands out this client wrapped in an `InstrumentedProviderClient`
         (instrumented.py), which opens the call's `chat {model}` span around this method."""
         started = self._clock()
-        attempts = _Attempts(self, deadline)
+        attempts = _Attempts(self, deadline, request, listener)
         try:
             self._require_key()
             await self.breaker.check()
-            wire = _Outgoing.encode(self._endpoint, self.adapter.body(request, self.entry))
-            parsed = await attempts.run(wire)
+            parsed = await attempts.run(self._outgoing(request))
         except ProviderError as exc:
             final = attempts.give_up(exc)
             final.provider = self.name
@@ -121,9 +130,15 @@ class ProviderClient:
                 raise
             raise final from exc
         await self.breaker.record_success()
-        completion = self._finish(parsed, started, attempts.count)
+        completion = self._finish(parsed, started, attempts)
         self._emit_call(started, attempts.count, completion=completion)
         return completion
+
+    def _outgoing(self, request: CompletionRequest) -> _Outgoing:
+        if self._streams and self._stream_endpoint is not None:
+            body = self.adapter.stream_body(request, self.entry)
+            return _Outgoing.encode(self._stream_endpoint, body, streamed=True)
+        return _Outgoing.encode(self._endpoint, self.adapter.body(request, self.entry))
 
     def _require_key(self) -> None:
         env = self.entry.api_key_env
@@ -134,7 +149,7 @@ class ProviderClient:
                 provider=self.name,
             )
 
-    async def _attempt(self, wire: _Outgoing, deadline: float) -> ParsedCompletion:
+    async def _attempt(self, call: _Attempts, deadline: float) -> ParsedCompletion:
         """One HTTP exchange within the attempt's budget, the wait for a slot included."""
         remaining = deadline - self._clock()
         if remaining <= 0:
@@ -144,7 +159,7 @@ class ProviderClient:
         try:
             await self._slots.acquire(budget)
             try:  # the wait for the slot came out of the budget
-                status, headers, body = await self._post(wire, budget - (self._clock() - slot_asked))
+                return await self._exchange(call, slot_asked + budget)
             finally:
                 self._slots.release()
         except TimeoutError:
@@ -153,6 +168,21 @@ class ProviderClient:
             raise DeadlineExceeded(
                 f"no answer within the call's deadline ({remaining:.1f}s left)", provider=self.name
             ) from None
+
+    async def _exchange(self, call: _Attempts, end: float) -> ParsedCompletion:
+        """The request by `end` (a `clock()` instant), streamed or plain; a server that refuses the
+        stream is asked plainly at once, and never streamed to again."""
+        if call.wire.streamed:
+            with anyio.fail_after(end - self._clock()):
+                parsed = await self._streamed(call, self._clock())
+            if parsed is not None:
+                return parsed
+            self._streams = False
+            self._telemetry.emit("provider_stream_refused", provider=self.name, kind=self.entry.kind)
+            call.wire = self._outgoing(call.request)
+        sent = self._clock()
+        status, headers, body = await self._post(call.wire, end - sent)
+        call.ttft_ms = (self._clock() - sent) * 1000.0  # a plain answer's first token comes with its last
         return self._read(status, headers, body)
 
     def _transport_failure(self, exc: TransportError) -> ProviderError:
@@ -166,25 +196,88 @@ class ProviderClient:
     async def _post(self, wire: _Outgoing, seconds: float) -> tuple[int, Headers, bytes]:
         """Straight on the transport, with plain values: provider calls need none of an HTTP
         client's per-request machinery (auth flows, redirects, cookies, URL merging)."""
+        if seconds <= 0:
+            raise TimeoutError
         try:  # the transport's own timer bounds the whole exchange
             return await self._transport.exchange(
-                "POST", wire.url, wire.headers, wire.content, total=seconds, connect=_connect_timeout(seconds)
+                "POST",
+                wire.url,
+                wire.headers,
+                wire.content,
+                total=seconds,
+                connect=min(seconds, _CONNECT_TIMEOUT),
             )
         except TransportError as exc:
             raise self._transport_failure(exc) from exc
 
+    async def _streamed(self, call: _Attempts, sent: float) -> ParsedCompletion | None:
+        """Read a streamed answer, handing its deltas to the listener, and parse the body it
+        rebuilds; None when the server refuses to stream. An answer that is not a stream (an
+        error, or a server that ignored the flag) is read whole, as a plain one."""
+        wire = call.wire
+        try:
+            async with self._transport.stream(
+                "POST", wire.url, wire.headers, wire.content, connect=_CONNECT_TIMEOUT
+            ) as streamed:
+                status, headers = streamed.status, streamed.headers
+                if status >= 400 or "text/event-stream" not in headers.get("content-type", ""):
+                    raw = b"".join([chunk async for chunk in streamed.chunks()])
+                    if status >= 400 and self._refuses_stream(status, headers, raw):
+                        return None
+                    call.ttft_ms = (self._clock() - sent) * 1000.0
+                    return self._read(status, headers, raw)
+                assembler = self.adapter.assembler(self.entry)
+                await self._assemble(call, assembler, streamed, sent)
+                if call.ttft_ms is None:  # nothing was said: the first token is the end
+                    call.ttft_ms = (self._clock() - sent) * 1000.0
+        except TransportError as exc:
+            raise self._transport_failure(exc) from exc
+        except StreamFailed as exc:
+            raise self._error(exc.status, headers, exc.body, b"") from exc
+        body = assembler.body()
+        if not assembler.complete and KINDS[self.entry.kind].answer_field in body:
+            # An answer begun and never finished: cut on the way, and worth asking again. (A
+            # stream that never carried an answer at all is malformed, as its plain twin is.)
+            raise ProviderUnreachable(
+                "the stream ended before the answer was complete", provider=self.name, code="stream_cut"
+            )
+        return self._parsed(status, headers, body)
+
+    async def _assemble(self, call: _Attempts, assembler: Assembler, streamed: Streamed, sent: float) -> None:
+        listener = call.listener
+        async for event in events(streamed):
+            deltas = assembler.feed(event.event, event.data)
+            if deltas:
+                if call.ttft_ms is None:
+                    call.ttft_ms = (self._clock() - sent) * 1000.0
+                if listener is not None:
+                    for delta in deltas:
+                        listener(delta)
+
+    def _refuses_stream(self, status: int, headers: Headers, raw: bytes) -> bool:
+        body = _json_or_none(raw)
+        details = self.adapter.error_details(body if body is not None else {}, headers)
+        return self.adapter.refuses_stream(status, details)
+
     def _read(self, status: int, headers: Headers, raw: bytes) -> ParsedCompletion:
         body = _json_or_none(raw)
         if status >= 400:
-            details = self.adapter.error_details(body if body is not None else {}, headers)
-            message = details.message or raw[:300].decode("utf-8", "replace")
-            details = replace(details, message=self._scrub(message))
-            error = status_error(status, details, headers)
-            error.provider = self.name
-            raise error
+            raise self._error(status, headers, body, raw)
+        return self._parsed(status, headers, body, len(raw))
+
+    def _error(self, status: int, headers: Headers, body: Any, raw: bytes) -> ProviderError:
+        details = self.adapter.error_details(body if body is not None else {}, headers)
+        message = details.message or raw[:300].decode("utf-8", "replace")
+        details = replace(details, message=self._scrub(message))
+        error = status_error(status, details, headers)
+        error.provider = self.name
+        return error
+
+    def _parsed(self, status: int, headers: Headers, body: Any, size: int = 0) -> ParsedCompletion:
+        """A successful answer's body, whole or rebuilt from a stream, as the adapter reads it."""
         if not isinstance(body, dict):
             raise MalformedResponse(
-                f"HTTP {status} with a body that is not a JSON object ({len(raw)} bytes)",
+                f"HTTP {status} with a body that is not a JSON object ({size} bytes)",
                 provider=self.name,
                 status=status,
             )
@@ -204,7 +297,7 @@ class ProviderClient:
                 status=status,
             ) from exc
 
-    def _finish(self, parsed: ParsedCompletion, started: float, attempts: int) -> Completion:
+    def _finish(self, parsed: ParsedCompletion, started: float, attempts: _Attempts) -> Completion:
         cost = cost_usd(parsed.usage, self.entry.price)
         return Completion(
             text=parsed.text,
@@ -214,7 +307,8 @@ class ProviderClient:
             provider=self.name,
             request_id=parsed.request_id,
             latency_ms=(self._clock() - started) * 1000.0,
-            attempts=attempts,
+            ttft_ms=attempts.ttft_ms,
+            attempts=attempts.count,
             warnings=("price_unknown",) if cost is None else (),
             tool_uses=parsed.tool_uses,
             echo=parsed.echo,
@@ -245,6 +339,7 @@ class ProviderClient:
         if completion is not None:
             fields.update(
                 status="ok",
+                ttft_ms=round(completion.ttft_ms, 3) if completion.ttft_ms is not None else None,
                 finish_reason=completion.finish_reason,
                 text=completion.text,  # content: telemetry drops it unless include_content is on
                 reported_model=completion.model,
@@ -273,12 +368,13 @@ class _Outgoing:
     url: str
     headers: Mapping[str, str]
     content: bytes
+    streamed: bool = False
 
     @classmethod
-    def encode(cls, endpoint: Endpoint, body: Mapping[str, Any]) -> _Outgoing:
+    def encode(cls, endpoint: Endpoint, body: Mapping[str, Any], *, streamed: bool = False) -> _Outgoing:
         # orjson's result keeps its whole output buffer, and the body waits with the call: keep
         # an exact-size copy instead.
-        return cls(endpoint.url, endpoint.headers, bytes(memoryview(orjson.dumps(body))))
+        return cls(endpoint.url, endpoint.headers, bytes(memoryview(orjson.dumps(body))), streamed)
 
 
 class _Attempts:
@@ -290,21 +386,32 @@ class _Attempts:
     attempt, so the strategies decide exactly as for any other. The stop strategy keeps why
     retrying stopped, and the final error explains it."""
 
-    __slots__ = ("_client", "_deadline", "_stop", "count")
+    __slots__ = ("_client", "_deadline", "_stop", "count", "listener", "request", "ttft_ms", "wire")
 
-    def __init__(self, client: ProviderClient, deadline: float) -> None:
+    def __init__(
+        self,
+        client: ProviderClient,
+        deadline: float,
+        request: CompletionRequest,
+        listener: DeltaListener | None,
+    ) -> None:
         self._client = client
         self._deadline = deadline
         self._stop: StopAtAttemptsOrDeadline | None = None
         self.count = 0
+        self.request = request
+        self.listener = listener
+        self.ttft_ms: float | None = None  # of the attempt that answered
+        self.wire: _Outgoing
 
     async def run(self, wire: _Outgoing) -> ParsedCompletion:
+        self.wire = wire
         try:
-            return await self._attempt(wire)
+            return await self._attempt()
         except TransientProviderError as first:
-            return await self._retry(wire, first)
+            return await self._retry(first)
 
-    async def _retry(self, wire: _Outgoing, first: TransientProviderError) -> ParsedCompletion:
+    async def _retry(self, first: TransientProviderError) -> ParsedCompletion:
         from tenacity import AsyncRetrying
 
         from conclave.providers.retry import RetryTransient, StopAtAttemptsOrDeadline, WaitForHintOrBackoff
@@ -316,7 +423,7 @@ class _Attempts:
         async def attempt() -> ParsedCompletion:
             if made:
                 raise made.pop()
-            return await self._attempt(wire)
+            return await self._attempt()
 
         retrying = AsyncRetrying(
             sleep=client._sleep,  # the injected sleep: tests wait on a fake clock
@@ -329,9 +436,10 @@ class _Attempts:
         parsed: ParsedCompletion = await retrying(attempt)
         return parsed
 
-    async def _attempt(self, wire: _Outgoing) -> ParsedCompletion:
+    async def _attempt(self) -> ParsedCompletion:
         self.count += 1
-        return await self._client._attempt(wire, self._deadline)
+        self.ttft_ms = None
+        return await self._client._attempt(self, self._deadline)
 
     def _announce(self, state: RetryCallState) -> None:
         """The `retry` span event and `provider_retry` log event, before the wait."""
@@ -367,8 +475,9 @@ class _Attempts:
         return exc
 
 
-def _connect_timeout(budget: float) -> float:
-    return min(budget, 10.0)  # a host that has not accepted in 10 s is down: the next attempt may not be
+# A host that has not accepted in 10 s is down: the next attempt may not be. (The attempt's own
+# cancel scope ends it sooner when its budget is shorter.)
+_CONNECT_TIMEOUT = 10.0
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -19,6 +19,8 @@ import re
 from typing import Any, ClassVar
 from urllib.parse import quote
 
+import orjson
+
 from conclave.core.messages import CompletionRequest, Message, ToolReturn, ToolUse, Usage
 from conclave.providers.base import (
     JSON_HEADERS,
@@ -29,8 +31,13 @@ from conclave.providers.base import (
     ParsedCompletion,
     as_int,
     bare_model,
+    event_json,
+    event_stream,
+    in_stream_status,
+    names_streaming,
     parse_duration,
 )
+from conclave.providers.streaming import Delta, StreamFailed
 from conclave.schema.config import ProviderConfig
 from conclave.schema.strictjson import tool_arguments
 
@@ -56,8 +63,7 @@ class GeminiAdapter:
         headers = {**JSON_HEADERS, **entry.headers}
         if key:
             headers["x-goog-api-key"] = key
-        model = quote(entry.model.removeprefix("models/"), safe="-._")
-        return Endpoint(f"{entry.base_url}/v1beta/models/{model}:generateContent", headers)
+        return Endpoint(f"{_model_url(entry)}:generateContent", headers)
 
     def body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
         contents = [_content(m) for m in request.messages]
@@ -118,23 +124,150 @@ class GeminiAdapter:
             sticky_quota=_daily_quota(details),
         )
 
+    def stream_endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
+        # alt=sse: server-sent events; without it the stream is one JSON array read as it grows.
+        return event_stream(self.endpoint(entry, key), f"{_model_url(entry)}:streamGenerateContent?alt=sse")
+
+    def stream_body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
+        return self.body(request, entry)  # the method in the URL says it all
+
+    def assembler(self, entry: ProviderConfig) -> GeminiStream:
+        return GeminiStream()
+
+    def refuses_stream(self, status: int, details: ErrorDetails) -> bool:
+        # The stream has its own method: a server without it (a proxy, a compatible server) has no
+        # such path, where the plain method's URL would be found.
+        return status == 404 or names_streaming(status, details)
+
+
+class GeminiStream:
+    """A streamGenerateContent?alt=sse stream rebuilt into the GenerateContentResponse of the same
+    answer (docs/providers.md#reading-streams). Each event is a whole response holding the new
+    parts: a text part runs on into the part before when that is text of the same kind (thought
+    or not), unless both carry a `thoughtSignature` (which may come on a later, even empty, part);
+    other parts (`functionCall`, whole) stand as they come. Every other field of the candidate
+    and of the response (`finishReason`, `usageMetadata`, `modelVersion`, `promptFeedback`) is the
+    last one sent. A `finishReason`, or a prompt blocked outright, ends the answer; an `error`
+    fails the stream."""
+
+    def __init__(self) -> None:
+        self._top: dict[str, Any] = {}
+        self._candidate: dict[str, Any] | None = None
+        self._content: dict[str, Any] | None = None
+        self._parts: list[dict[str, Any]] | None = None
+        self._calls = 0
+        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done
+
+    def feed(self, event: str, data: str) -> list[Delta]:
+        chunk = event_json(data)
+        error = chunk.get("error")
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            raise StreamFailed(in_stream_status(code), chunk)
+        self._top.update((key, value) for key, value in chunk.items() if key != "candidates")
+        feedback = chunk.get("promptFeedback")
+        if isinstance(feedback, dict) and feedback.get("blockReason"):
+            self._done = True  # blocked before any answer: no candidates will follow
+        candidates = chunk.get("candidates")
+        if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
+            return []
+        candidate = candidates[0]
+        if self._candidate is None:
+            self._candidate = {}
+        self._candidate.update((key, value) for key, value in candidate.items() if key != "content")
+        if candidate.get("finishReason"):
+            self._done = True
+        content = candidate.get("content")
+        if not isinstance(content, dict):
+            return []
+        if self._content is None:
+            self._content = {}
+        self._content.update((key, value) for key, value in content.items() if key != "parts")
+        parts = content.get("parts")
+        if not isinstance(parts, list):
+            return []
+        if self._parts is None:
+            self._parts = []
+        deltas: list[Delta] = []
+        for part in parts:
+            if isinstance(part, dict):
+                deltas += self._part(self._parts, part)
+        return deltas
+
+    def _part(self, parts: list[dict[str, Any]], part: dict[str, Any]) -> list[Delta]:
+        if isinstance(part.get("functionCall"), dict):
+            parts.append(dict(part))
+            call = part["functionCall"]
+            self._calls += 1
+            arguments = orjson.dumps(call.get("args") or {}).decode()
+            return [Delta("tool_call", arguments, index=self._calls - 1, name=call.get("name"))]
+        if not _is_text(part):
+            parts.append(dict(part))
+            return []
+        text, thought = part["text"], bool(part.get("thought"))
+        last = parts[-1] if parts else None
+        signed = "thoughtSignature" in part
+        if (
+            last is not None
+            and _is_text(last)
+            and bool(last.get("thought")) == thought
+            and not (signed and "thoughtSignature" in last)
+        ):
+            last["text"] += text
+            last.update((key, value) for key, value in part.items() if key not in last)
+        elif text or signed:  # an empty, unsigned part adds nothing a plain answer would hold
+            parts.append(dict(part))
+        return [Delta("thinking" if thought else "text", text)] if text else []
+
+    def body(self) -> dict[str, Any]:
+        body = dict(self._top)
+        if self._candidate is not None:
+            candidate = dict(self._candidate)
+            if self._content is not None:
+                content = dict(self._content)
+                if self._parts is not None:
+                    content["parts"] = [dict(part) for part in self._parts]
+                candidate["content"] = content
+            body["candidates"] = [candidate]
+        return body
+
+
+def _is_text(part: dict[str, Any]) -> bool:
+    """A part that holds text and nothing else a part can hold (a signature and the thought flag
+    aside)."""
+    return isinstance(part.get("text"), str) and not any(
+        key in part for key in ("functionCall", "functionResponse", "inlineData", "executableCode")
+    )
+
 
 KIND = KindSpec(
     GeminiAdapter(),
     native_tools=True,
     structured_output=True,
-    streaming=False,
+    streaming=True,
     cache="implicit",
     otel_name="gcp.gemini",
     answer_field="candidates",
 )
 
 
+def _model_url(entry: ProviderConfig) -> str:
+    """The model's URL, named without a `models/` prefix; the method follows it after a colon."""
+    model = quote(entry.model.removeprefix("models/"), safe="-._")
+    return f"{entry.base_url}/v1beta/models/{model}"
+
+
 def _json_answer(request: CompletionRequest, entry: ProviderConfig) -> bool:
     """Whether the answer schema goes on the wire: the kind takes one, except in a request that
     declares functions to a model before Gemini 3 (the prompt still asks for the JSON)."""
-    return KIND.structured_output and entry.structured_output and not (
-        request.tools and _NO_JSON_WITH_TOOLS.match(bare_model(entry.model))
+    return (
+        KIND.structured_output
+        and entry.structured_output
+        and not (request.tools and _NO_JSON_WITH_TOOLS.match(bare_model(entry.model)))
     )
 
 

@@ -14,7 +14,7 @@ import orjson
 
 from conclave.core.breaker import Clock
 from conclave.core.errors import ProviderError
-from conclave.core.messages import Completion, CompletionRequest
+from conclave.core.messages import Completion, CompletionRequest, DeltaListener
 from conclave.obs.redact import Redactor
 from conclave.obs.telemetry import Telemetry
 from conclave.providers.client import CompletionClient
@@ -37,7 +37,9 @@ class InstrumentedProviderClient:
     def name(self) -> str:
         return self.entry.name
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
+    async def complete(
+        self, request: CompletionRequest, *, deadline: float, listener: DeltaListener | None = None
+    ) -> Completion:
         chat: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": KINDS[self.entry.kind].otel_name,
@@ -49,7 +51,7 @@ class InstrumentedProviderClient:
         started = self._clock()
         with tracer.span(f"chat {self.entry.model}", kind="client", **chat) as span:
             try:
-                completion = await self.inner.complete(request, deadline=deadline)
+                completion = await self.inner.complete(request, deadline=deadline, listener=listener)
             except ProviderError as exc:
                 span.fail(exc.code)
                 tracer.measure(self._clock() - started, 0, 0, **_metric(chat), **{"error.type": exc.code})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import re
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import httpx
 import orjson
@@ -22,8 +22,13 @@ from conclave.providers.base import (
     ParsedCompletion,
     as_int,
     bare_model,
+    event_json,
+    event_stream,
     header_text,
+    in_stream_status,
+    names_streaming,
 )
+from conclave.providers.streaming import Delta, StreamFailed
 from conclave.schema.answer_schema import strict_compatible
 from conclave.schema.config import ProviderConfig
 from conclave.schema.strictjson import tool_arguments
@@ -139,12 +144,229 @@ class OpenAIAdapter:
             message=message, code=str(code) if code else None, request_id=header_text(headers, "x-request-id")
         )
 
+    def stream_endpoint(self, entry: ProviderConfig, key: str | None) -> Endpoint:
+        return event_stream(self.endpoint(entry, key))
+
+    def stream_body(self, request: CompletionRequest, entry: ProviderConfig) -> dict[str, Any]:
+        # Without include_usage the stream carries no usage at all (Groq's comes regardless).
+        return {**self.body(request, entry), "stream": True, "stream_options": {"include_usage": True}}
+
+    def assembler(self, entry: ProviderConfig) -> OpenAIStream:
+        return OpenAIStream()
+
+    def refuses_stream(self, status: int, details: ErrorDetails) -> bool:
+        return names_streaming(status, details)
+
+
+# What of a chunk's top level the plain body has too: the first chunk's id and created, the model
+# and fingerprint (the same on every chunk), OpenAI's service tier.
+_CHUNK_HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
+# The delta's text fields, concatenated: the answer, a structured-output refusal, and the
+# reasoning as DeepSeek (`reasoning_content`) and Groq, OpenRouter, Ollama (`reasoning`) send it.
+_DELTA_TEXT = ("content", "refusal", "reasoning_content", "reasoning")
+# What a `reasoning_details` entry (OpenRouter) grows by from one chunk to the next; its other
+# fields (type, format, signature, data, id) are the last ones sent.
+_DETAIL_TEXT = ("text", "summary")
+# A tool call delta's own fields; any other is kept as the call's last value.
+_CALL_FIELDS = frozenset({"index", "id", "type", "function"})
+
+
+class OpenAIStream:
+    """A `chat.completion.chunk` stream rebuilt into the `chat.completion` body of the same answer
+    (docs/providers.md#reading-streams). `data: [DONE]` ends it. Only choice 0 is read, as
+    `parse` reads only it; usage is the last chunk's that has one (the `choices: []` chunk of
+    `include_usage`, Groq's finish chunk, or every chunk on some servers), else Groq's
+    `x_groq.usage`. A chunk with a top-level `error` (OpenRouter, Groq's `event: error`) fails the
+    stream."""
+
+    def __init__(self) -> None:
+        self._head: dict[str, Any] = {}
+        self._groq: dict[str, Any] = {}
+        self._role: str | None = None
+        self._content: str | None = None  # what the stream gave for content before any text
+        self._content_given = False
+        self._text: dict[str, list[str]] = {}
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._details: list[dict[str, Any]] = []
+        self._finish: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._answered = False  # a choice came: a stream without one rebuilds a body without one
+        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done
+
+    def feed(self, event: str, data: str) -> list[Delta]:
+        if data.strip() == "[DONE]":
+            self._done = True
+            return []
+        chunk = event_json(data)
+        error = chunk.get("error")
+        if error or event == "error":
+            _fail(error if error is not None else chunk)
+        for key in _CHUNK_HEAD:
+            if chunk.get(key) is not None and (key not in self._head or key not in ("id", "created")):
+                self._head[key] = chunk[key]
+        groq = chunk.get("x_groq")
+        if isinstance(groq, dict):
+            self._groq.update(groq)
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        deltas: list[Delta] = []
+        for choice in chunk.get("choices") or []:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                self._answered = True
+                deltas += self._choice(choice)
+        return deltas
+
+    def _choice(self, choice: dict[str, Any]) -> list[Delta]:
+        if choice.get("finish_reason") is not None:
+            self._finish = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return []
+        if isinstance(delta.get("role"), str):
+            self._role = delta["role"]
+        deltas: list[Delta] = []
+        content = delta.get("content")
+        if isinstance(content, list):  # magistral's blocks: the text counts, the thinking is shown
+            for block in content:
+                deltas += self._block(block)
+        elif "content" in delta and (content is None or isinstance(content, str)):
+            # "" where the server writes "" on a turn without text (Mistral), null where null (OpenAI)
+            self._content = content if self._content is None else self._content
+            self._content_given = True
+        for field in _DELTA_TEXT:
+            piece = delta.get(field)
+            if isinstance(piece, str) and piece:
+                self._text.setdefault(field, []).append(piece)
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            deltas.append(Delta("text", delta["content"]))
+        # A server that sends both reasoning fields sends the same thought in each: shown once.
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thought, str) and thought:
+            deltas.append(Delta("thinking", thought))
+        for detail in delta.get("reasoning_details") or []:
+            if isinstance(detail, dict):
+                self._detail(detail)
+        for call in delta.get("tool_calls") or []:
+            if isinstance(call, dict):
+                deltas += self._call(call)
+        return deltas
+
+    def _block(self, block: Any) -> list[Delta]:
+        if not isinstance(block, dict):
+            return []
+        if block.get("type") == "text" and isinstance(block.get("text"), str) and block["text"]:
+            self._text.setdefault("content", []).append(block["text"])
+            return [Delta("text", block["text"])]
+        if block.get("type") == "thinking":
+            inner = block.get("thinking")
+            pieces = inner if isinstance(inner, list) else [{"text": inner}]
+            thought = "".join(str(p.get("text") or "") for p in pieces if isinstance(p, dict))
+            return [Delta("thinking", thought)] if thought else []
+        return []
+
+    def _detail(self, detail: dict[str, Any]) -> None:
+        index = detail.get("index")
+        same = next((d for d in self._details if index is not None and d.get("index") == index), None)
+        if same is None:
+            self._details.append(dict(detail))
+            return
+        for key, value in detail.items():
+            if key in _DETAIL_TEXT and isinstance(value, str) and isinstance(same.get(key), str):
+                same[key] += value
+            elif value is not None:
+                same[key] = value
+
+    def _call(self, call: dict[str, Any]) -> list[Delta]:
+        index = call.get("index")
+        if not isinstance(index, int):  # a server that numbers no calls: a new id is a new call
+            known = any(c["id"] == call.get("id") for c in self._calls.values())
+            index = len(self._calls) if call.get("id") and not known else max(self._calls, default=0)
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            arguments = orjson.dumps(arguments).decode()
+        fragment = arguments if isinstance(arguments, str) else ""
+        slot = self._calls.get(index)
+        if slot is not None and slot["id"] and call.get("id") and call["id"] != slot["id"]:
+            index, slot = max(self._calls) + 1, None  # parallel calls all numbered 0 by a server
+        first = slot is None
+        if slot is None:
+            slot = self._calls[index] = {"id": None, "type": None, "name": None, "arguments": [], "more": {}}
+        # The id, type and name come whole with the call's first delta; some servers repeat them.
+        given = {"id": call.get("id"), "type": call.get("type"), "name": function.get("name")}
+        for key, value in given.items():
+            if slot[key] is None and isinstance(value, str) and value:
+                slot[key] = value
+        if fragment:
+            slot["arguments"].append(fragment)
+        # What else a call carries (Gemini's OpenAI-compatible endpoint: the thought signature in
+        # `extra_content`, which must go back with it).
+        slot["more"].update((k, v) for k, v in call.items() if k not in _CALL_FIELDS and v is not None)
+        if first:
+            return [Delta("tool_call", fragment, index=index, name=slot["name"])]
+        return [Delta("tool_call", fragment, index=index)] if fragment else []
+
+    def body(self) -> dict[str, Any]:
+        text = {field: "".join(pieces) for field, pieces in self._text.items()}
+        calls = [_wire_call(self._calls[i]) for i in sorted(self._calls)]
+        message: dict[str, Any] = {"role": self._role or "assistant"}
+        if "content" in text or self._content_given:
+            # The text, else what the stream said of it: OpenAI's null on a turn that only calls
+            # tools or refuses, the "" of an empty answer or of a server that writes "" there.
+            message["content"] = text.get("content", self._content)
+        elif not calls:
+            message["content"] = ""
+        if calls:
+            message["tool_calls"] = calls
+        for field in ("refusal", "reasoning_content", "reasoning"):
+            if field in text:
+                message[field] = text[field]
+        if self._details:
+            message["reasoning_details"] = [dict(d) for d in self._details]
+        body: dict[str, Any] = {k: self._head[k] for k in ("id",) if k in self._head}
+        body["object"] = "chat.completion"
+        body.update({k: v for k, v in self._head.items() if k != "id"})
+        if self._answered:
+            body["choices"] = [{"index": 0, "message": message, "finish_reason": self._finish}]
+        usage = self._usage if self._usage is not None else self._groq.get("usage")
+        if isinstance(usage, dict):
+            body["usage"] = dict(usage)
+        if self._groq:
+            body["x_groq"] = dict(self._groq)
+        return body
+
+
+def _wire_call(slot: dict[str, Any]) -> dict[str, Any]:
+    """A call as a plain message's `tool_calls` holds it; no `id` or `type` where the stream gave
+    none (Mistral's calls have no type, and go back as they came)."""
+    call: dict[str, Any] = {}
+    if slot["id"] is not None:
+        call["id"] = slot["id"]
+    if slot["type"] is not None:
+        call["type"] = slot["type"]
+    call["function"] = {"name": slot["name"] or "", "arguments": "".join(slot["arguments"])}
+    return {**call, **slot["more"]}
+
+
+def _fail(error: Any) -> NoReturn:
+    """An in-stream error: its `code` (OpenRouter) or `status_code` (Groq) when it is a status."""
+    err = error if isinstance(error, dict) else {"message": str(error)}
+    code = err.get("code")
+    status = in_stream_status(code if isinstance(code, int) else err.get("status_code"))
+    raise StreamFailed(status, {"error": err})
+
 
 KIND = KindSpec(
     OpenAIAdapter(),
     native_tools=True,
     structured_output=True,
-    streaming=False,
+    streaming=True,
     cache="cache_key",  # automatic, with prompt_cache_key to route a session to one cache
     otel_name="openai",
     answer_field="choices",

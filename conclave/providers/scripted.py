@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from conclave.core.messages import Completion, CompletionRequest, ToolUse, Usage
+from conclave.core.messages import Completion, CompletionRequest, Delta, DeltaListener, ToolUse, Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +43,16 @@ class ScriptedProvider:
     def name(self) -> str:
         return self._name
 
-    async def complete(self, request: CompletionRequest, *, deadline: float) -> Completion:
+    async def complete(
+        self, request: CompletionRequest, *, deadline: float, listener: DeltaListener | None = None
+    ) -> Completion:
         self.requests.append(request)
         entry = self._script[min(len(self.requests), len(self._script)) - 1]
         reply = entry(request) if callable(entry) else entry
         if isinstance(reply, str):
             reply = ScriptedReply(reply)
+        if listener is not None and reply.text:
+            listener(Delta("text", reply.text))  # the whole answer as one delta, as a plain call's
         prompt = sum(len(m.content) for m in request.messages) + len(request.system or "")
         usage = Usage(
             input_tokens=max(prompt // 4, 1), output_tokens=max(len(reply.text) // 4, 1), cost_usd=self._cost

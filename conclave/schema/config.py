@@ -56,6 +56,9 @@ class ProviderConfig:
     # kind can; false for a server that takes the kind's wire but not that field: the schema then
     # goes in the prompt alone.
     structured_output: bool = True
+    # Answers are read as the provider streams them (docs/providers.md#streaming) where the kind
+    # can; false for a server that cannot stream: plain calls only.
+    stream: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,6 +603,7 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         tool_mode=entry.get("tool_mode"),
         prompt_cache_key=bool(entry.get("prompt_cache_key")),
         structured_output=entry.get("structured_output", True),
+        stream=entry.get("stream", True),
     )
 
 

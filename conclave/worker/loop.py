@@ -33,7 +33,7 @@ from conclave.core.errors import (
     ToolError,
     ToolRefused,
 )
-from conclave.core.messages import Completer, Completion, CompletionRequest, Message, Usage
+from conclave.core.messages import Completer, Completion, CompletionRequest, DeltaListener, Message, Usage
 from conclave.core.records import record
 from conclave.obs.telemetry import Telemetry, session
 from conclave.schema.config import WorkerToolsConfig
@@ -78,6 +78,7 @@ class WorkerTurn:
     # the final reply must be a JSON object valid against it: held to it natively where the
     # provider can (never on a tags-mode hop, whose reply may be a tool call)
     answer_schema: Mapping[str, Any] | None = None
+    listener: DeltaListener | None = None  # hears each model call's deltas as they stream in
 
 
 @record
@@ -100,6 +101,7 @@ class WorkerOutcome:
     model: str = ""
     usage: Usage = field(default_factory=Usage)
     latency_ms: float = 0.0
+    ttft_ms: float | None = None  # the first model call's
     hops: int = 0
     inner_tool_calls: list[InnerCall] = field(default_factory=list)
     cost_cap: CostCapReport | None = None
@@ -214,7 +216,10 @@ class WorkerLoop:
     # -- steps -----------------------------------------------------------------------------------
 
     async def _call_model(self, state: _TurnState) -> Step | None:
-        completion = await state.turn.provider.complete(self._request(state), deadline=state.turn.deadline)
+        turn = state.turn
+        completion = await turn.provider.complete(
+            self._request(state), deadline=turn.deadline, listener=turn.listener
+        )
         _record(state.outcome, completion)
         if not state.turn.tools:  # a plain call: no tags to look for, nothing to meter
             return None
@@ -567,6 +572,8 @@ def _record(out: WorkerOutcome, completion: Completion) -> None:
     """One model call into the turn's outcome: its text, summed usage and an exchange."""
     out.text, out.finish_reason, out.model = completion.text, completion.finish_reason, completion.model
     out.usage = completion.usage if out.hops == 0 else out.usage + completion.usage
+    if out.hops == 0:
+        out.ttft_ms = completion.ttft_ms
     out.hops += 1
     out.exchanges.append(
         {

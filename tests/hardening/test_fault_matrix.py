@@ -131,6 +131,11 @@ def _uncurable_quota(kind: str) -> tuple[Reply, Expect, str]:
     )
 
 
+# What each simulated wire's in-stream error says: OpenAI an error chunk (no status: 502), Anthropic an
+# `overloaded_error` event (529), Gemini an error chunk with its status (503).
+IN_STREAM_ERROR = {"openai": ("server_error", 502), "anthropic": ("overloaded", 529), "gemini": ("unavailable", 503)}
+
+
 def _cells_for(kind: str, door: str) -> list[Cell]:
     quota_reply, quota_expect, quota_note = _uncurable_quota(kind)
     return [
@@ -206,8 +211,9 @@ def _cells_for(kind: str, door: str) -> list[Cell]:
             kind,
             "in_stream_error",
             door,
-            None,
-            not_applicable="Conclave never streams (stream=false on every wire): no in-stream error event exists",
+            _retrying("error", *IN_STREAM_ERROR[kind]),
+            replies=(Reply(fault="stream_error"),),
+            notes="200, half the answer streamed, then the wire's error event (an overload)",
         ),
     ]
 
@@ -434,8 +440,8 @@ def test_the_matrix_covers_every_kind_fault_and_door() -> None:
     assert len(faults) == 12
     assert len(CELLS) == len(KINDS) * len(DOORS) * len(faults)
     assert len({c.id for c in CELLS}) == len(CELLS)
-    assert {c.fault for c in NOT_APPLICABLE} == {"in_stream_error"}
-    assert matrix_counts() == {"cells": 144, "applicable": 132, "not_applicable": 12}
+    assert NOT_APPLICABLE == [], "every fault applies now that answers stream"
+    assert matrix_counts() == {"cells": 144, "applicable": 144, "not_applicable": 0}
 
 
 @pytest.mark.parametrize(

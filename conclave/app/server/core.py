@@ -30,6 +30,7 @@ from conclave.app.server.jsonrpc import (
     response,
     to_rpc_error,
 )
+from conclave.app.server.progress import CallProgress
 from conclave.app.server.surface import describe
 from conclave.core.errors import ConfigError, InvalidArguments, ToolError
 from conclave.core.version import __version__
@@ -38,7 +39,7 @@ from conclave.obs.telemetry import Telemetry, traced
 if TYPE_CHECKING:
     from conclave.app.runtime import Runtime
     from conclave.app.server.tasks import TaskRecord, TaskStore
-    from conclave.deliberation.session import ProgressSink
+    from conclave.deliberation.session import DeltaSink, ProgressSink
 
 SUPPORTED_VERSIONS = eras.HANDSHAKE_VERSIONS  # what `initialize` negotiates
 PLAIN_METHODS = frozenset(TOOL_NAMES)  # every tool is also a plain method (docs/server.md#plain-json-rpc)
@@ -90,12 +91,16 @@ class Server:
         return self._runtime
 
     async def run_tool(
-        self, tool: ToolSpec, args: dict[str, Any], progress: ProgressSink | None = None
+        self,
+        tool: ToolSpec,
+        args: dict[str, Any],
+        progress: ProgressSink | None = None,
+        deltas: DeltaSink | None = None,
     ) -> dict[str, Any]:
         """The server's door: every tool's arguments are checked here, once, before it runs."""
         tool.validate(args)
         runtime = await self.runtime()
-        return await tool.run(args, Invocation(runtime.tool_context, runtime, progress))
+        return await tool.run(args, Invocation(runtime.tool_context, runtime, progress, deltas))
 
     async def handle_message(self, message: Any, send: Send, *, connection: object = None) -> Any:
         """One decoded message (object or batch); returns what to send back, or None."""
@@ -172,7 +177,7 @@ class Server:
         if method == "tools/call":
             if self.tasks is not None and self._as_task(params, context):
                 return self._start_task(self.tasks, params)
-            return eras.complete(await self._call_tool(params, self._progress_sink(params, send)))
+            return eras.complete(await self._call_reporting(params, send))
         if method in eras.TASK_METHODS:
             return eras.complete(await self._task_method(method, params, context))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method} (revision {context.version})")
@@ -223,7 +228,7 @@ class Server:
             return self._list_tools(_object_params(request))
         if method == "tools/call":
             params = _object_params(request)
-            return await self._call_tool(params, self._progress_sink(params, send))
+            return await self._call_reporting(params, send)
         if method in PLAIN_METHODS:
             return await self.run_tool(tool_spec(method), _object_params(request))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -246,7 +251,9 @@ class Server:
             result["nextCursor"] = _encode_cursor(start + self.page_size)
         return result
 
-    async def _call_tool(self, params: Mapping[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
+    async def _call_tool(
+        self, params: Mapping[str, Any], progress: ProgressSink | None, deltas: DeltaSink | None = None
+    ) -> dict[str, Any]:
         name = params.get("name")
         if not isinstance(name, str) or name not in TOOL_NAMES:
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}; tools: {', '.join(TOOL_NAMES)}")
@@ -258,7 +265,7 @@ class Server:
         traceparent = meta.get("traceparent") if isinstance(meta, dict) else None
         try:
             with traced(traceparent):
-                result = await self.run_tool(tool, arguments, progress)
+                result = await self.run_tool(tool, arguments, progress, deltas)
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:
@@ -269,30 +276,13 @@ class Server:
             "isError": False,
         }
 
-    def _progress_sink(self, params: Mapping[str, Any], send: Send) -> ProgressSink | None:
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        if not isinstance(token, str | int) or isinstance(token, bool):
-            return None
-        answered = beats = 0
-
-        async def progress(step: Mapping[str, Any]) -> None:
-            nonlocal answered, beats
-            note: dict[str, Any] = {"progressToken": token}
-            if "waiting" in step:  # a heartbeat: progress must still grow, so by a thousandth
-                beats += 1
-                note["progress"] = answered + min(beats, 999) / 1000
-                note["message"] = f"still waiting for {', '.join(step['waiting'])}"
-            else:
-                answered, beats = answered + 1, 0
-                who = step.get("role") or "answer"
-                note["progress"] = answered
-                note["message"] = f"{who} {step.get('provider')}: {step.get('status')}"
-                if step.get("total"):
-                    note["total"] = step["total"]
-            await send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
-
-        return progress
+    async def _call_reporting(self, params: Mapping[str, Any], send: Send) -> dict[str, Any]:
+        """A `tools/call` that notifies its progress when the client gave a token for it."""
+        reporter = CallProgress.of(params, send)
+        if reporter is None:
+            return await self._call_tool(params, None)
+        async with reporter.reporting():
+            return await self._call_tool(params, reporter.step, reporter.heard)
 
 
 def _task_progress(task: TaskRecord) -> ProgressSink:

@@ -18,11 +18,13 @@ from conclave.deliberation.session import default_tool_mode
 
 
 async def run_confer(args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
-    return (await confer(invocation.require_runtime(), args, progress=invocation.progress)).to_dict()
+    runtime = invocation.require_runtime()
+    return (await confer(runtime, args, progress=invocation.progress, deltas=invocation.deltas)).to_dict()
 
 
 async def run_coordinate(args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
-    return (await coordinate(invocation.require_runtime(), args, progress=invocation.progress)).to_dict()
+    runtime = invocation.require_runtime()
+    return (await coordinate(runtime, args, progress=invocation.progress, deltas=invocation.deltas)).to_dict()
 
 
 async def run_list_providers(_args: Mapping[str, Any], invocation: Invocation) -> dict[str, Any]:
