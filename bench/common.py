@@ -222,6 +222,9 @@ def write_config(
             "base_url": openai_url,
             "api_key_env": key_names[index % len(key_names)],
             "price": price,
+            # Like for like: the other contenders read whole bodies, so Conclave does too here.
+            # What streaming costs is bench.streaming's to measure (docs/performance.md#streaming).
+            "stream": False,
         }
         for index, m in enumerate(models)
     }

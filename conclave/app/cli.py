@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--latency-ms", type=float, default=0.0)
     sim.add_argument("--caching", action="store_true", help="play each provider's prompt caching rule")
     sim.add_argument(
+        "--stream-tokens-per-s",
+        type=float,
+        metavar="N",
+        help="write streamed answers at N simulated tokens a second (default: at once)",
+    )
+    sim.add_argument(
         "--no-role-answers",
         action="store_true",
         help="answer role prompts (proposer, critic, reviewer, synthesizer) in plain text too",
@@ -603,6 +609,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     argv = ["--host", args.host, "--port", str(args.port), "--latency-ms", str(args.latency_ms)]
     argv += ["--caching"] if args.caching else []
+    argv += ["--stream-tokens-per-s", str(args.stream_tokens_per_s)] if args.stream_tokens_per_s else []
     argv += ["--no-role-answers"] if args.no_role_answers else []
     status: int = sim_main(argv)
     return status
