@@ -329,6 +329,15 @@ async def test_bad_arguments_are_an_is_error_result_and_an_unknown_tool_is_minus
     )
     unknown = await server.request("tools/call", {"name": "shell", "arguments": {}})
     assert unknown["error"]["code"] == -32602
+    # With a progress token the call runs beside the progress reporter: still -32602, unwrapped.
+    reported = await server.request(
+        "tools/call", {"name": "shell", "arguments": {}, "_meta": {"progressToken": 1}}
+    )
+    assert reported["error"]["code"] == -32602, reported
+    bad = await server.request(
+        "tools/call", {"name": "confer", "arguments": 5, "_meta": {"progressToken": 2}}
+    )
+    assert bad["error"]["code"] == -32602, bad
 
 
 async def test_plain_methods_return_the_structured_result_or_a_typed_error(server: StdioServer) -> None:

@@ -281,8 +281,7 @@ class Server:
         reporter = CallProgress.of(params, send)
         if reporter is None:
             return await self._call_tool(params, None)
-        async with reporter.reporting():
-            return await self._call_tool(params, reporter.step, reporter.heard)
+        return await reporter.around(lambda: self._call_tool(params, reporter.step, reporter.heard))
 
 
 def _task_progress(task: TaskRecord) -> ProgressSink:

@@ -10,21 +10,21 @@ thinking or tool-call arguments each) never decrease: a member asked again keeps
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
 
 import anyio
 
 from conclave.core.messages import Delta
 
 Send = Callable[[Any], Awaitable[None]]
+T = TypeVar("T")
 INTERVAL_SECONDS: Final = 0.5
 
 
 class CallProgress:
     """The notifications of one call: `step` is its ProgressSink, `heard` its DeltaSink, and
-    `reporting()` the block during which streamed counts are sent."""
+    `around(call)` runs the call while streamed counts are sent."""
 
     def __init__(self, token: str | int, send: Send, *, interval: float = INTERVAL_SECONDS) -> None:
         self._token = token
@@ -59,14 +59,21 @@ class CallProgress:
         self._chars[label] = self._chars.get(label, 0) + len(delta.text)
         self._changed = True
 
-    @contextlib.asynccontextmanager
-    async def reporting(self) -> AsyncIterator[CallProgress]:
+    async def around(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, with the streamed counts reported while it runs. Its own exception comes out
+        as it is (an RpcError must stay one), not wrapped in the task group's ExceptionGroup."""
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(self._report_forever)
             try:
-                yield self
+                result = await call()
+            except Exception as exc:
+                failure = exc
             finally:
                 group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return result
 
     async def _report_forever(self) -> None:
         while True:
