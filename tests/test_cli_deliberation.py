@@ -612,3 +612,11 @@ def test_live_progress_shows_a_confers_reviewers_and_chair_as_they_come() -> Non
             progress.record(event)
     labels = [line.split()[1:3] for line in progress.lines()]
     assert labels == [["alpha", "ok"], ["beta", "ok"], ["reviewer", "beta"], ["synthesizer", "alpha"]]
+
+
+@pytest.mark.anyio
+async def test_an_error_inside_the_live_progress_comes_out_as_itself() -> None:
+    progress = LiveProgress.for_confer(["alpha"], FakeTerminal())
+    with pytest.raises(OSError, match="disk full"):
+        async with progress.shown():
+            raise OSError("disk full")

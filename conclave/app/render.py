@@ -561,17 +561,24 @@ class LiveProgress:
 
     @contextlib.asynccontextmanager
     async def shown(self) -> AsyncIterator[LiveProgress]:
-        """Redraw every REDRAW_SECONDS while the body runs, then draw the final state once."""
+        """Redraw every REDRAW_SECONDS while the body runs, then draw the final state once. The
+        body's own exception comes out as it is, not wrapped in the task group's ExceptionGroup
+        (the CLI maps a ConfigError or an OSError to one line)."""
         self.start()
+        failure: Exception | None = None
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._redraw_forever)
                 try:
                     yield self
+                except Exception as exc:
+                    failure = exc
                 finally:
                     group.cancel_scope.cancel()
         finally:
             self.draw()
+        if failure is not None:
+            raise failure
 
     async def _redraw_forever(self) -> None:
         while True:
