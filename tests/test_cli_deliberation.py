@@ -485,8 +485,11 @@ def test_a_streaming_answer_grows_in_its_row_and_a_chair_gets_a_row_as_it_starts
     assert len(progress.lines()[0].split("…")[-1]) <= 48, "only the end of a long answer"
     progress.record({"provider": "alpha", "status": "ok"})
     assert "tok" not in progress.lines()[0], "a finished row shows its status"
-    progress.heard("beta", "synthesizer", Delta("text", '{"answer": "Managed'))
-    assert any(line.startswith("  … synthesizer beta") and "Managed" in line for line in progress.lines())
+    for piece in ('{"answer": "Managed', ", because ops \\u00e9", 'quipe is small\\n", "confidence": 0.8}'):
+        progress.heard("beta", "synthesizer", Delta("text", piece))
+        chair = next(line for line in progress.lines() if line.startswith("  … synthesizer beta"))
+        assert '"answer"' not in chair, "the synthesis shows as prose, not as its envelope"
+    assert chair.endswith("…Managed, because ops équipe is small"), chair
 
 
 def test_coordinate_progress_moves_through_the_roles_in_order() -> None:

@@ -1,6 +1,7 @@
 """The page in a real browser (headless Chromium), against `conclave ui` over loopback after the
 demo ran: the list, one session's answers side by side, a session followed live while it runs,
-and hostile text that stays text. One browser serves the whole module.
+and hostile text that stays text; and against `conclave serve --http`, a running session's answers
+growing on its page as they stream. One browser serves the whole module.
 
 Skipped, loudly, where Chromium or Playwright is missing (scripts/setup dev installs both when it
 can)."""
@@ -18,6 +19,7 @@ import pytest
 
 from conclave.app.demo import run_demo
 from tests.browser import chromium, conclave_ui, why_no_browser
+from tests.live_support import MEMBERS, long_reply, panel_in_thread, rpc_confer, serve_http
 from tests.ui_support import IMG, SCRIPT, hostile_session, slow_session, workdir_config
 
 if TYPE_CHECKING:
@@ -164,3 +166,40 @@ def test_a_foreign_origin_or_host_is_refused(ui: str) -> None:
         assert http.get("/", headers={"Host": f"rebound.attacker.example:{port}"}).status_code == 403
         assert http.post("/", content=b"x").status_code == 405
         assert http.get("/").status_code == 200
+
+
+def test_a_running_session_s_answers_grow_on_its_page_as_they_stream(page: Page, tmp_path: Path) -> None:
+    """`serve --http` serving the page and running the session: its answers' text grows in the
+    `Streaming…` cards, as text (markup in it stays text), until the session's end replaces them
+    with the final answers."""
+    from playwright.sync_api import expect
+
+    replies = {name: long_reply(name, 120) for name in MEMBERS}
+    replies["beta"] = f"{SCRIPT} {IMG} " + replies["beta"]  # a word at a time: never markup
+    with (
+        panel_in_thread(tmp_path, stream_tokens_per_s=40, latency_ms=1500, replies=replies) as config,
+        serve_http(config, tmp_path) as base,
+    ):
+        page.goto(f"{base}/ui/")
+        finished = in_thread(rpc_confer, base, "stream-1")
+        try:
+            running = page.locator('tr[data-session="stream-1"][data-status="running"]')
+            expect(running).to_be_visible()
+            running.get_by_role("link").click()
+            expect(page.locator("h1 .badge")).to_have_text("running")
+            alpha = page.locator('#streaming .card[data-provider="alpha"] .text')
+            expect(alpha).to_contain_text("Zebrafinch-alpha-")
+            before = alpha.inner_text()
+            expect(alpha).not_to_have_text(before)  # it grew while the page watched
+            assert before.strip() in alpha.inner_text(), "added to, never replaced"
+            expect(page.locator('#streaming .card[data-provider="beta"] .text')).to_contain_text(SCRIPT)
+            expect(page.locator("h1 .badge")).to_have_text("ok", timeout=30_000)  # the end: the transcript
+            expect(page.locator("#streaming")).to_have_count(0)
+            cards = page.locator(".columns .card")
+            expect(cards).to_have_count(3)
+            expect(cards.filter(has_text="Zebrafinch-alpha-119")).to_have_count(1)
+        finally:
+            result = finished()
+    assert result["degraded"] is False
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img").count() == 0

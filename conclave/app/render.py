@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -471,13 +472,21 @@ class _Row:
     state: str = "waiting"  # waiting, running, then the answer's status
     started: float | None = None
     elapsed: float | None = None
-    heard: str = ""  # the end of the text streamed so far
+    heard: str = ""  # the end of the text streamed so far (a synthesis's: all of it)
     chars: int = 0  # of everything streamed (text, thinking, tool-call arguments)
 
     def hear(self, delta: Delta) -> None:
         self.chars += len(delta.text)
         if delta.kind == "text":
-            self.heard = (self.heard + delta.text)[-_HEARD_CHARS:]
+            heard = self.heard + delta.text
+            # A synthesis is an envelope whose `answer` is shown as it is written: keep it whole.
+            self.heard = heard if self.role == "synthesizer" else heard[-_HEARD_CHARS:]
+
+    @property
+    def shown(self) -> str:
+        """What a running row shows of its text: the synthesis's answer so far, else the text."""
+        answer = envelope_answer(self.heard) if self.role == "synthesizer" else None
+        return answer if answer is not None else self.heard
 
     @property
     def finished(self) -> bool:
@@ -618,11 +627,31 @@ def _progress_line(row: _Row, width: int, now: float) -> str:
     if row.state == "running":
         line = f"  … {row.label.ljust(width)}  running  {now - (row.started or now):5.1f}s"
         if row.chars:  # streaming: how far it is, and the end of what it says
-            tail = " ".join(row.heard.split())[-_TAIL_SHOWN:]
+            tail = " ".join(row.shown.split())[-_TAIL_SHOWN:]
             line += f"  ~{-(-row.chars // 4)} tok" + (f"  …{tail}" if tail else "")
         return line
     mark = "✓" if row.state == "ok" else "✗"
     return f"  {mark} {row.label.ljust(width)}  {row.state.ljust(7)}  {row.elapsed or 0.0:5.1f}s"
+
+
+_ANSWER_STARTS = re.compile(r'"answer"\s*:\s*"')
+_STRING_SO_FAR = re.compile(r'(?:[^"\\]|\\.)*')  # up to the closing quote, or all there is
+_CUT_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{0,3}$")  # a \u escape whose digits have not all come
+
+
+def envelope_answer(partial: str) -> str | None:
+    """The `answer` of a role envelope still being written, as far as it has come, its JSON
+    escapes decoded; None before it starts (or when what came is not JSON text)."""
+    start = _ANSWER_STARTS.search(partial)
+    if start is None:
+        return None
+    written = _STRING_SO_FAR.match(partial, start.end())
+    raw = _CUT_ESCAPE.sub("", written.group() if written else "")
+    try:
+        answer = orjson.loads(f'"{raw}"')
+    except ValueError:
+        return None
+    return answer if isinstance(answer, str) else None
 
 
 def progress_for(

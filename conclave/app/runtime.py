@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from conclave.deliberation.live import LiveDeltas
 from conclave.deliberation.session import Runtime, Sessions
 from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.net.http import AiohttpTransport, Transport, make_http_client
@@ -30,12 +31,14 @@ async def open_runtime(
     transport: Transport | None = None,
     telemetry: Telemetry | None = None,
     state: StateBackend | None = None,
+    live: LiveDeltas | None = None,
     **tool_options: Any,
 ) -> AsyncIterator[Runtime]:
     """`transport` carries every request, provider calls and fetches (by default aiohttp's; tests
     hand in a `MemoryTransport`), and is closed with the runtime. `tool_options` go to
     ToolContext (tests inject a `resolver` or a `clock`). A `telemetry` or a `state` passed in
-    stays open afterwards: whoever opened it closes it."""
+    stays open afterwards: whoever opened it closes it. `live`: the hub the sessions publish their
+    deltas to, when whoever listens to it (`serve --http`'s page) made it first; else a new one."""
     owns_telemetry = telemetry is None
     telemetry = telemetry or Telemetry.for_config(config)
     writer = (
@@ -61,6 +64,7 @@ async def open_runtime(
                 transcripts=writer,
                 worker=worker,
                 sessions=sessions,
+                live=live or LiveDeltas(),
             )
     finally:
         if writer is not None:

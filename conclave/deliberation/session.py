@@ -16,7 +16,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -26,6 +26,7 @@ from conclave.core.budgets import CostCap, CostCapReport, combined
 from conclave.core.errors import SessionInFlight
 from conclave.core.messages import Delta, DeltaListener, Message, Usage
 from conclave.deliberation.answers import answer_from, unknown_provider
+from conclave.deliberation.live import LiveDeltas
 from conclave.deliberation.plan import TurnShape, planned_call
 from conclave.deliberation.requests import CallRequest
 from conclave.deliberation.results import (
@@ -52,7 +53,9 @@ from conclave.worker.loop import WORKER_ALLOWLIST, Worker, WorkerTurn
 # a heartbeat every server.progress_heartbeat_seconds ({"waiting": ["critic beta", ...]}).
 ProgressSink = Callable[[Mapping[str, Any]], Awaitable[None]]
 # Who hears the answers as they stream in, each delta with the provider and role it comes from
-# (None: a panel member's answer). Called in the stream's own task: it must not block.
+# (None: a panel member's answer). Called in the stream's own task: it must not block. Every
+# session also publishes its deltas to its runtime's hub (`Runtime.live`), for listeners in this
+# process (the session page served by `serve --http`).
 DeltaSink = Callable[[str, str | None, Delta], None]
 Result = TypeVar("Result", ConferResult, CoordinateResult)
 NATIVE_KINDS = frozenset(kind for kind, spec in KINDS.items() if spec.native_tools)
@@ -76,6 +79,7 @@ class Runtime:
     sessions: Sessions
     state: StateBackend
     transcripts: TranscriptWriter | None = None
+    live: LiveDeltas = field(default_factory=LiveDeltas)  # the running sessions' deltas, in-process
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """The Python door to the worker tools: the arguments are checked here, then the tool runs."""
@@ -181,13 +185,29 @@ class Session:
         )
         ticket = next(self._tickets)
         self.awaiting[ticket] = f"{role} {name}" if role else name
-        if self.deltas is not None:
-            turn = replace(turn, listener=_heard_as(self.deltas, name, role))
+        turn = replace(turn, listener=self._listener(name, role))
         try:
             outcome = await self.runtime.worker.run(turn)
         finally:
             del self.awaiting[ticket]
         return answer_from(outcome, name, self.runtime.config, self.runtime.telemetry.redactor)
+
+    def _listener(self, provider: str, role: str | None) -> DeltaListener:
+        """Who hears `provider`'s deltas: the runtime's hub (one dict lookup when nobody listens
+        to this session), and the caller's delta sink when it gave one."""
+        publish, session_id, sink = self.runtime.live.publish, self.id, self.deltas
+        if sink is None:
+
+            def published(delta: Delta) -> None:
+                publish(session_id, provider, role, delta)
+
+            return published
+
+        def both(delta: Delta) -> None:
+            publish(session_id, provider, role, delta)
+            sink(provider, role, delta)
+
+        return both
 
     def declares_tools(self, name: str, tools: tuple[str, ...]) -> bool:
         """Whether `name`'s turns with `tools` declare them natively. Declarations come before the
@@ -282,7 +302,8 @@ class SessionRunner:
         with bind_session(session.id):
             try:
                 async with _claimed(session):
-                    return await _run(session, deliberation)
+                    with session.runtime.live.running(session.id):  # its page may hear it meanwhile
+                        return await _run(session, deliberation)
             except anyio.get_cancelled_exc_class():
                 # A cancelled call still closes its session, so nothing built on the log mistakes
                 # it for a call still running.
@@ -359,13 +380,6 @@ async def _deliberate(session: Session, deliberation: Deliberation[Result]) -> R
         result = await deliberation.deliberate()
         group.cancel_scope.cancel()
     return result
-
-
-def _heard_as(sink: DeltaSink, provider: str, role: str | None) -> DeltaListener:
-    def listener(delta: Delta) -> None:
-        sink(provider, role, delta)
-
-    return listener
 
 
 async def _heartbeat(session: Session, progress: ProgressSink) -> None:

@@ -29,7 +29,8 @@ from conclave.obs.tracing import NO_TRACER, Tracer, tracer_for
 if TYPE_CHECKING:
     from conclave.schema.config import Config
 
-_FLUSH_AFTER = frozenset({"session_end", "rpc_error", "breaker_open"})  # moments an operator is watching for
+# Moments someone is watching for: a session beginning (its page, live) and ending, an error.
+_FLUSH_AFTER = frozenset({"session_start", "session_end", "rpc_error", "breaker_open"})
 CONTENT_FIELDS = frozenset(
     {"question", "context", "system", "prompt", "messages", "text", "answer", "content", "task"}
 )
@@ -38,7 +39,7 @@ CONTENT_FIELDS = frozenset(
 class _NdjsonSink:
     """Appends whole lines to an O_APPEND descriptor, batched: a write per event cost more
     than building the event. A batch goes out when it passes FLUSH_BYTES, when FLUSH_SECONDS
-    have passed since the last write, at the end of every session, and at close, so
+    have passed since the last write, at the start and the end of every session, and at close, so
     `conclave tail --follow` lags by a fraction of a second at most while calls are running.
     Each write holds whole lines only, so concurrent writers never interleave inside a line.
 

@@ -47,13 +47,20 @@ UI_PATH = "/ui/"  # where `conclave.app.ui.mount` puts the session page
 async def run_http(config: Config, host: str, port: int, *, worker_of: int | None = None) -> None:
     """Serve until cancelled. `worker_of`: this is a worker of `serve --workers`, accepting on
     the port beside the others (SO_REUSEPORT), and it stops once that supervisor is gone."""
-    async with serving(config) as server:
+    live = None
+    if config.server.ui and worker_of is None:
+        # The page hears this process's sessions as they stream. Not a worker's: a page's requests
+        # reach any of the workers, most often not the one running its session.
+        from conclave.deliberation.live import LiveDeltas
+
+        live = LiveDeltas()
+    async with serving(config, live=live) as server:
         # handler_cancellation: a client that hangs up cancels its call, upstream requests included
         app = build_app(server, bound_host=host, ui=config.server.ui)
         if config.server.ui:
             from conclave.app.ui import mount  # only then: the page's code is not on the request path
 
-            mount(app, config, bound_host=host)
+            mount(app, config, bound_host=host, live=live)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_port=worker_of is not None or None)

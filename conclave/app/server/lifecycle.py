@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -24,15 +25,19 @@ from conclave.obs.telemetry import Telemetry
 from conclave.schema.config import Config
 from conclave.state import StateBackend, open_state
 
+if TYPE_CHECKING:
+    from conclave.deliberation.live import LiveDeltas
+
 # The heavy half of the server. Imported on a worker thread: the import lock keeps it safe, and
 # the GIL, handed over every few milliseconds, lets the event loop keep answering meanwhile.
 _RUNTIME_MODULES = ("conclave.app.runtime", *handler_modules())
 
 
 @contextlib.asynccontextmanager
-async def serving(config: Config) -> AsyncIterator[Server]:
+async def serving(config: Config, *, live: LiveDeltas | None = None) -> AsyncIterator[Server]:
     """A Server that answers at once and runs tools once its runtime has opened. On leaving,
-    calls still running have finished (the caller waits for them) and the runtime closes."""
+    calls still running have finished (the caller waits for them) and the runtime closes.
+    `live`: the hub its sessions publish their deltas to (the page's, under `serve --http`)."""
     telemetry = Telemetry.for_config(config)
     server = Server(telemetry=telemetry)
     failure: list[Exception] = []
@@ -44,7 +49,7 @@ async def serving(config: Config) -> AsyncIterator[Server]:
         ):
             server.tasks = tasks
             done = anyio.Event()
-            group.start_soon(_hold_runtime, config, server, state, done, failure, group.cancel_scope)
+            group.start_soon(_hold_runtime, config, server, state, live, done, failure, group.cancel_scope)
             try:
                 yield server
             finally:
@@ -59,6 +64,7 @@ async def _hold_runtime(
     config: Config,
     server: Server,
     state: StateBackend,
+    live: LiveDeltas | None,
     done: anyio.Event,
     failure: list[Exception],
     serving_scope: anyio.CancelScope,
@@ -69,7 +75,7 @@ async def _hold_runtime(
             return
         from conclave.app.runtime import open_runtime
 
-        async with open_runtime(config, telemetry=server.telemetry, state=state) as runtime:
+        async with open_runtime(config, telemetry=server.telemetry, state=state, live=live) as runtime:
             server.attach(runtime)
             serving_gc()  # start-up is done: this process is a server now
             await done.wait()

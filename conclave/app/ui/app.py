@@ -13,11 +13,18 @@ reconnects; `?session=` one session's events, ending after its `session_end`), `
 `conclave eval` under `evals.dir`, `/eval?run=…` one run, `/eval/chart.svg?run=…` and
 `/eval/results.jsonl?run=…` its chart and its results, `/static/…`. A run is named, never a path:
 a name that is not one, or a run or file that is not there, is 404.
+
+Mounted on `serve --http`, the page is handed the runtime's hub (`deliberation.live.LiveDeltas`),
+and `/live?session=…` streams a session's answers as they come, as SSE `delta` events (`gap`
+when the page fell behind and some were dropped), then `end` when the session ends. A session not
+running in this process gets `end` at once; a malformed id, or a page without a hub (`conclave ui`
+on its own), is 404. Deltas never reach the event log: `/live` is their only way to the page.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -33,6 +40,7 @@ from conclave.app.ui import evalpages, model, pages
 from conclave.app.ui.evals import CHART_SVG, RESULTS, EvalRuns, inside
 from conclave.app.ui.markup import Safe
 from conclave.app.ui.sessions import Sessions
+from conclave.deliberation.live import Gap, LiveDeltas, LiveItem
 from conclave.net.webguard import allowed_hosts, host_allowed, origin_allowed
 from conclave.schema.config import Config
 
@@ -54,15 +62,24 @@ KEEPALIVE_SECONDS = 15.0
 FILE_CHUNK = 262_144
 READ_METHODS = frozenset({"GET", "HEAD"})
 
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # as confer's `session_id` pattern
+
 SESSIONS = web.AppKey("sessions", Sessions)
+LIVE = web.AppKey("live", LiveDeltas)
 EVALS = web.AppKey("evals", EvalRuns)
 CLOSING = web.AppKey("closing", anyio.Event)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(config: Config, *, bound_host: str = "127.0.0.1", prefix: str = "") -> web.Application:
-    """The page's application; `prefix` is where it will be mounted ("" at the root)."""
+def build_app(
+    config: Config, *, bound_host: str = "127.0.0.1", prefix: str = "", live: LiveDeltas | None = None
+) -> web.Application:
+    """The page's application; `prefix` is where it will be mounted ("" at the root); `live`: the
+    hub of the runtime serving it, whose running sessions' answers the page then shows as they
+    stream in (none for `conclave ui`, a process of its own)."""
     app = web.Application(middlewares=[_guard(allowed_hosts(bound_host))])
+    if live is not None:
+        app[LIVE] = live
     app[SESSIONS] = Sessions(Path(config.telemetry.path), Path(config.transcripts.dir))
     app[EVALS] = EvalRuns(Path(config.evals.dir).expanduser())
     app[CLOSING] = anyio.Event()
@@ -72,6 +89,7 @@ def build_app(config: Config, *, bound_host: str = "127.0.0.1", prefix: str = ""
     app.router.add_get("/", _sessions_handler(prefix))
     app.router.add_get("/session", _session_handler(prefix))
     app.router.add_get("/events", _events)
+    app.router.add_get("/live", _live)
     app.router.add_get("/evals", _evals_handler(prefix))
     app.router.add_get("/eval", _eval_handler(prefix))
     app.router.add_get("/eval/chart.svg", _run_file(CHART_SVG, "image/svg+xml"))
@@ -80,9 +98,12 @@ def build_app(config: Config, *, bound_host: str = "127.0.0.1", prefix: str = ""
     return app
 
 
-def mount(parent: web.Application, config: Config, *, bound_host: str) -> None:
-    """The page at `/ui/` of another application (`serve --http` with `server.ui: true`)."""
-    parent.add_subapp("/ui/", build_app(config, bound_host=bound_host, prefix="/ui"))
+def mount(
+    parent: web.Application, config: Config, *, bound_host: str, live: LiveDeltas | None = None
+) -> None:
+    """The page at `/ui/` of another application (`serve --http` with `server.ui: true`), with the
+    hub of the runtime that application serves when it has one."""
+    parent.add_subapp("/ui/", build_app(config, bound_host=bound_host, prefix="/ui", live=live))
 
 
 # -- the guard and the headers ----------------------------------------------------------------
@@ -147,7 +168,9 @@ def _session_handler(prefix: str) -> Handler:
             view = model.from_events(summary, index.events(sid))
         if request.query.get("fragment"):
             return _html(pages.session_body(view))
-        return _html(pages.session_page(view, prefix, offset))
+        live = request.app.get(LIVE)
+        streaming = live is not None and summary.running and live.is_running(sid)
+        return _html(pages.session_page(view, prefix, offset, streaming=streaming))
 
     return session
 
@@ -251,6 +274,63 @@ async def _events(request: web.Request) -> web.StreamResponse:
         await anyio.sleep(POLL_SECONDS)
         quiet += POLL_SECONDS
     return stream
+
+
+async def _live(request: web.Request) -> web.StreamResponse:
+    """One running session's answers as they stream in: SSE `delta` events (`{provider, role,
+    kind, text, index}`), `gap` (`{dropped}`) where this reader fell behind, then `end` when the
+    session ends (at once, for a session not running in this process). Never waits on the
+    providers: a slow reader only loses deltas, and is told how many."""
+    live = request.app.get(LIVE)
+    if live is None:
+        raise web.HTTPNotFound(
+            text="No live answers here: they stream to the page served by `conclave serve --http`.\n"
+        )
+    session_id = request.query.get("session", "")
+    if not SESSION_ID.fullmatch(session_id):
+        raise web.HTTPNotFound(text="Not a session id.\n")
+    async with live.subscribe(session_id) as heard:
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        if request.method == "HEAD":
+            return stream
+        lock = anyio.Lock()
+        async with anyio.create_task_group() as group:
+
+            async def send(data: bytes) -> None:
+                async with lock:
+                    try:
+                        await stream.write(data)
+                    except ConnectionError:  # the reader is gone
+                        group.cancel_scope.cancel()
+
+            group.start_soon(_keepalive, send)
+            group.start_soon(_cancel_when, request.app[CLOSING], group.cancel_scope)
+            async for item in heard:
+                await send(_live_sse(item))
+            await send(b"event: end\ndata: {}\n\n")
+            group.cancel_scope.cancel()
+    return stream
+
+
+async def _keepalive(send: Callable[[bytes], Awaitable[None]]) -> None:
+    """A comment now and then: proxies keep the line open, and a gone reader is noticed."""
+    while True:
+        await anyio.sleep(KEEPALIVE_SECONDS)
+        await send(b": keepalive\n\n")
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _live_sse(item: LiveItem) -> bytes:
+    if isinstance(item, Gap):
+        return b"event: gap\ndata: %s\n\n" % orjson.dumps({"dropped": item.dropped})
+    provider, role, delta = item
+    data = {"provider": provider, "role": role, "kind": delta.kind, "text": delta.text, "index": delta.index}
+    return b"event: delta\ndata: %s\n\n" % orjson.dumps(data)
 
 
 def _start(request: web.Request, index: Sessions) -> int:

@@ -141,13 +141,16 @@ def session_href(prefix: str, session_id: str) -> str:
 # -- one session ------------------------------------------------------------------------------
 
 
-def session_page(view: SessionView, prefix: str, offset: int) -> Safe:
+def session_page(view: SessionView, prefix: str, offset: int, *, streaming: bool = False) -> Safe:
+    """`streaming`: the session runs in the process serving this page, whose `/live` streams its
+    answers' text as it comes (`data-live`, which `app.js` follows into `#streaming`)."""
     sid = view.summary.session_id
     live: dict[str, object] = {}
     if view.summary.running:
         live = {
             "data_fragment": session_href(prefix, sid) + "&fragment=1",
             "data_events": f"{prefix}/events?{urlencode({'session': sid, 'from': offset})}",
+            "data_live": f"{prefix}/live?{urlencode({'session': sid})}" if streaming else None,
         }
     main = el("main", session_body(view), id="live", **live)
     return document(f"{TITLE} · {view.summary.tool} {sid}", main, prefix)
@@ -166,7 +169,7 @@ def session_body(view: SessionView) -> Safe:
     parts: list[Safe | None] = [title, _dry_run_banner(view), _degraded_banner(view)]
     parts += [_warnings(view.warnings), _question(view), _totals(view), _costs(view)]
     if summary.running:
-        parts.append(_activity(view))
+        parts += [_activity(view), _streaming()]
     parts += [_answers(view.answers), _vote(view.vote), *(_round(r) for r in view.rounds)]
     parts.append(_review(view.review))
     parts.append(_synthesis(view.synthesis))
@@ -292,6 +295,19 @@ def _activity(view: SessionView) -> Safe:
     live = el("span", "live", class_="pulse") if view.summary.running else None
     lines = [el("li", line) for line in view.activity]
     return el("section", el("h2", "Events ", live), el("ol", lines, id="activity", class_="activity"))
+
+
+def _streaming() -> Safe:
+    """Where `app.js` shows the answers' text as it streams in, a card per member and role, when
+    the page hears the session live (hidden until then); the session's end replaces it with the
+    whole deliberation."""
+    head = el("h2", "Streaming… ", el("span", "live", class_="pulse"))
+    note = el(
+        "p",
+        "The answers as they come in, before they are checked; the final ones replace them.",
+        class_="muted",
+    )
+    return el("section", head, note, el("div", class_="columns"), id="streaming", hidden=True)
 
 
 # -- answers, rounds, review, synthesis -------------------------------------------------------
