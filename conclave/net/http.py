@@ -11,10 +11,11 @@ Every request Conclave sends (provider calls and fetches) goes through a `Transp
   benchmarks drive the same provider client, retry loop and fetch tool as production, down to
   this seam.
 
-Provider calls read whole JSON bodies, so they use `exchange()`: plain values in, plain values
-out, no request or response objects. The fetch tool needs a body as it arrives (its byte caps
-hold while reading), so it uses `stream()`, through the shared `httpx.AsyncClient` that
-`make_http_client` builds over the same transport.
+A plain provider call reads a whole JSON body, so it uses `exchange()`: plain values in, plain
+values out, no request or response objects. A streamed provider call reads server-sent events as
+they arrive through `stream()` (conclave/providers/streaming.py), and so does the fetch tool (its
+byte caps hold while reading), through the shared `httpx.AsyncClient` that `make_http_client`
+builds over the same transport.
 """
 
 from __future__ import annotations
