@@ -24,8 +24,9 @@ _API = (
     "coordinate",
     "coordinate_sync",
 )
-# what a caller catches: every error is a ConclaveError; bad arguments and a bad config have their own
-_ERRORS = ("ConclaveError", "ConfigError", "InvalidArguments")
+# what a caller catches: every error is a ConclaveError; bad arguments and a bad config have their own,
+# and so does a confer short of its members with on_partial="error"
+_ERRORS = ("ConclaveError", "ConfigError", "InvalidArguments", "PartialResult")
 __all__ = ["SimulatedPanel", "__version__", *_API, *_ERRORS, "serving_gc"]
 
 

@@ -169,6 +169,23 @@ def test_confer_with_choices_shows_each_members_choice_the_vote_and_the_consensu
     assert [a["status"] for a in output["answers"]] == ["ok", "invalid_answer", "ok"]
 
 
+def test_confer_quorum_shows_a_late_member_and_on_partial_error_exits_1(workdir: Path, panel: Panel) -> None:
+    panel.script("m-gamma", {"latency_ms": 5000})
+    result = conclave("confer", "Which queue?", "--quorum", "2", "--grace", "0.2", cwd=workdir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "━━ gamma · m-gamma · late" in result.stdout
+    assert "gamma: late (stopped at" in result.stdout
+
+    panel.script("m-gamma", {"replies": [{"status": 500}]})
+    failed = conclave("confer", "Which queue?", "--on-partial", "error", cwd=workdir)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "conclave confer: partial result: 2 of 3 members answered" in failed.stderr
+    assert failed.stdout == ""
+
+    too_many = conclave("confer", "Which queue?", "--quorum", "4", cwd=workdir)
+    assert too_many.returncode == 2 and "$.quorum" in too_many.stderr
+
+
 def test_a_choices_option_with_one_choice_is_refused_before_any_call(workdir: Path, panel: Panel) -> None:
     result = conclave("confer", "Which queue?", "--choices", "SQS", cwd=workdir)
     assert result.returncode == 2

@@ -25,6 +25,7 @@ EVERY_OPTION = {
     "confer": [
         *("confer", "Which queue?", "--providers", "a,b", "--system", "S", "--review", "--synthesize"),
         *("--choices", "SQS,Kafka", "--vote-fields", "reason", "--tolerance", "0.1"),
+        *("--quorum", "2", "--grace", "0.5", "--on-partial", "error"),
     ],
     "coordinate": [
         "coordinate",

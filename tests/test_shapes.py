@@ -179,6 +179,13 @@ async def _produce(tmp: Path) -> list[Produced]:
             out += _records(await c.confer("Which queue?", synthesize=True), "failures")
             panel.reset()
 
+            # sim-openai is slow: once the other two have answered, it is stopped as late
+            panel.set_scenario("sim-gpt", Scenario(latency_ms=5000))
+            quorum = await c.confer("Which queue?", quorum=2, grace_seconds=0.1)
+            assert [r.status for r in quorum.degraded_reasons] == ["late"]
+            out += _records(quorum, "quorum")
+            panel.reset()
+
             out += _records(await c.coordinate("Pick a cache policy.", dry_run=True), "debate plan")
             debate = await c.coordinate(
                 "Pick a cache policy.",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -84,6 +84,9 @@ class Conclave:
         answer_schema: Mapping[str, Any] | None = None,
         vote_fields: Sequence[str] | None = None,
         tolerance: float | None = None,
+        quorum: int | None = None,
+        grace_seconds: float | None = None,
+        on_partial: Literal["return", "error"] | None = None,
         progress: ProgressSink | None = None,
         deltas: DeltaSink | None = None,
     ) -> ConferResult:
@@ -91,7 +94,10 @@ class Conclave:
         the others' answers blind; with `synthesize`, a chair writes the final answer. With
         `answer_schema`, each answers with a JSON object valid against it, and the result's
         `vote` counts them (`vote_fields`, `tolerance`: what is voted, and how close numbers
-        must be to agree). `deltas(provider, role, delta)` hears each answer as it streams in."""
+        must be to agree). With `quorum`, once that many have answered the others get
+        `grace_seconds` more, then are stopped as `late`; with `on_partial="error"`, a result short
+        of its members (or of the quorum) raises `PartialResult`, whose `result` is that partial
+        result. `deltas(provider, role, delta)` hears each answer as it streams in."""
         args = _arguments("confer", locals())
         return await _confer(self._open(), args, progress=progress, deltas=deltas)
 

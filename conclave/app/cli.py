@@ -17,7 +17,7 @@ import anyio
 import orjson
 
 from conclave.app.catalog import tool_spec
-from conclave.core.errors import ConfigError, InvalidArguments, ToolError
+from conclave.core.errors import ConfigError, InvalidArguments, PartialResult, ToolError
 from conclave.core.version import __version__
 from conclave.schema.config import Config, load_config
 
@@ -193,6 +193,17 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     confer.add_argument(
         "--tolerance", type=float, metavar="X", help="numbers within X times the larger agree (default 0)"
+    )
+    confer.add_argument(
+        "--quorum", type=int, metavar="N", help="once N members answered, stop the rest after --grace"
+    )
+    confer.add_argument(
+        "--grace", type=_positive_seconds, metavar="S", help="with --quorum: seconds the rest get (default 5)"
+    )
+    confer.add_argument(
+        "--on-partial",
+        choices=("return", "error"),
+        help="error: a result short of its members (or quorum) is an error, exit 1 (default: return)",
     )
     _add_call_options(confer)
     confer.set_defaults(handler=cmd_confer)
@@ -677,6 +688,9 @@ def _confer_args(args: argparse.Namespace) -> dict[str, Any]:
         tool_args["vote_fields"] = _names(args.vote_fields)
     if args.tolerance is not None:
         tool_args["tolerance"] = args.tolerance
+    for option, name in (("quorum", "quorum"), ("grace", "grace_seconds"), ("on_partial", "on_partial")):
+        if getattr(args, option) is not None:
+            tool_args[name] = getattr(args, option)
     return tool_args
 
 
@@ -759,8 +773,8 @@ def _names(value: str) -> list[str]:
 
 
 def _deliberation(args: argparse.Namespace, tool: Deliberation) -> int:
-    """Exit 0 when complete, 1 when degraded, 3 when no model answered at all, 2 on invalid
-    arguments (config errors: see main)."""
+    """Exit 0 when complete, 1 when degraded (or short of its members with --on-partial error),
+    3 when no model answered at all, 2 on invalid arguments (config errors: see main)."""
     from conclave.app.render import nobody_answered, progress_for, render, wants_colour
 
     config = _load(args)
@@ -775,7 +789,14 @@ def _deliberation(args: argparse.Namespace, tool: Deliberation) -> int:
         print(f"conclave {tool}: {unknown}", file=sys.stderr)
         return EXIT_USAGE
     progress = progress_for(tool, tool_args, config, sys.stderr)
-    result = anyio.run(_run_in_runtime, config, tool, tool_args, progress)
+    try:
+        result = anyio.run(_run_in_runtime, config, tool, tool_args, progress)
+    except PartialResult as exc:  # on_partial error: the call came back short of its members
+        print(f"conclave {tool}: {exc.message}", file=sys.stderr)
+        return EXIT_DEGRADED
+    except InvalidArguments as exc:  # what the tool itself checks (a quorum over the members asked)
+        print(f"conclave {tool}: invalid arguments at {exc.path}: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

@@ -17,6 +17,7 @@ from typing import Any
 # `error.code`); the codes come from conclave/core/errors.py and conclave/deliberation/.
 DEGRADED_LABELS: Mapping[str, str] = {
     "timeout": "timed out",
+    "late": "stopped: no answer within the grace period after the quorum answered",
     "deadline_exceeded": "no answer before the call's deadline",
     "error": "failed",
     "skipped": "skipped",
@@ -56,6 +57,7 @@ STATUS_LABELS: Mapping[str, str] = {
     "invalid_envelope": "wrong format",
     "invalid_answer": "invalid answer",
     "timeout": "timed out",
+    "late": "late",
     "error": "failed",
 }
 

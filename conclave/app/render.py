@@ -108,7 +108,8 @@ def _bullets(title: str, items: Sequence[Any] | None, prefix: str = "  ") -> lis
 def _reason(reason: Mapping[str, Any]) -> str:
     """`alpha (proposer): error, server_error`: the codes, each once, that programs and the docs use."""
     role = f" ({reason['role']})" if reason.get("role") else ""
-    return f"{reason.get('provider')}{role}: {', '.join(reason_codes(reason))}"
+    when = f" (stopped at {fmt_ms(reason['elapsed_ms'])})" if reason.get("elapsed_ms") is not None else ""
+    return f"{reason.get('provider')}{role}: {', '.join(reason_codes(reason))}{when}"
 
 
 def nobody_answered(result: Mapping[str, Any]) -> bool:

@@ -13,7 +13,8 @@
     │   ├── BreakerOpen              the provider is failing: fail fast until the cooldown ends
     │   └── DeadlineExceeded         the call's deadline ran out before an answer
     ├── ToolError                    the model: fed back to it as a refusal or error result
-    │   └── ToolRefused              a policy said no (fetch_blocked, egress budget, ...)
+    │   ├── ToolRefused              a policy said no (fetch_blocked, egress budget, ...)
+    │   └── PartialResult            a confer with on_partial "error" came back short of its members
     └── CallerError                  the caller: invalid params, budgets exceeded
         ├── InvalidArguments         failed its input schema; carries the failing JSON path
         ├── UnknownTool
@@ -145,6 +146,24 @@ class ToolRefused(ToolError):
     """A policy refused the call before (or instead of) doing anything."""
 
     code = "tool_refused"
+
+
+class PartialResult(ToolError):
+    """A `confer` asked with `on_partial: "error"` got fewer answers than it needs (every member,
+    or its quorum). `answers` are the partial result's answers as JSON (schemas/defs/answer.json);
+    `result` is the partial result itself (a `ConferResult`), for the Python API's callers."""
+
+    code = "partial"
+
+    def __init__(
+        self, message: str, *, answers: list[dict[str, Any]], result: object = None, tool: str = "confer"
+    ) -> None:
+        super().__init__(message, reason="partial", tool=tool)
+        self.answers = answers
+        self.result = result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "message": self.message, "answers": self.answers}
 
 
 class CallerError(ConclaveError):

@@ -124,6 +124,12 @@ def timed_out(name: str, model: str | None, elapsed_ms: float) -> Answer:
     return Answer(name, model, "timeout", error=error, latency_ms=elapsed_ms)
 
 
+def late(name: str, model: str | None, elapsed_ms: float) -> Answer:
+    """A member stopped once the call's quorum had answered and its grace period ran out."""
+    error = _error("late", "stopped: the quorum had answered and the grace period ran out")
+    return Answer(name, model, "late", error=error, latency_ms=elapsed_ms)
+
+
 def unknown_provider(name: str, config: Config) -> Answer:
     known = ", ".join(config.providers)
     return skipped(name, "unknown_provider", f"provider {name!r} is not configured; known: {known}")

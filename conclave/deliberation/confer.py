@@ -16,10 +16,10 @@ from typing import Any
 
 import anyio
 
-from conclave.core.errors import InvalidArguments
+from conclave.core.errors import InvalidArguments, PartialResult
 from conclave.core.messages import Message
 from conclave.deliberation import pipeline, review
-from conclave.deliberation.answers import timed_out
+from conclave.deliberation.answers import late, timed_out
 from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import TurnShape, summarize, what_drives_the_bound
 from conclave.deliberation.requests import ConferRequest, request_from
@@ -72,8 +72,37 @@ async def confer(
             tool="confer",
         )
     _check_structured(request)
+    _check_quorum(request, len(request.providers or runtime.config.panel))
     session = Session(runtime, "confer", request, progress, deltas)
-    return await run_session(session, _Confer(session, request))
+    result = await run_session(session, _Confer(session, request))
+    _check_partial(request, result)
+    return result
+
+
+def _check_quorum(request: ConferRequest, members: int) -> None:
+    if request.quorum is not None and request.quorum > members:
+        raise InvalidArguments(
+            f"quorum {request.quorum} is more than the {members} member(s) asked",
+            path="$.quorum",
+            tool="confer",
+        )
+
+
+def _check_partial(request: ConferRequest, result: ConferResult) -> None:
+    """With `on_partial: "error"`, a result short of every member (of the quorum, when the call
+    set one) is a tool error carrying what arrived."""
+    if request.on_partial != "error" or result.dry_run:
+        return
+    needed = request.quorum or len(result.answers)
+    answered = sum(a.ok for a in result.answers)
+    if answered >= needed:
+        return
+    missing = ", ".join(f"{a.provider} ({a.status})" for a in result.answers if not a.ok)
+    message = (
+        f"partial result: {answered} of {len(result.answers)} members answered, {needed} needed "
+        f"(on_partial: error); missing: {missing}"
+    )
+    raise PartialResult(message, answers=result.to_dict()["answers"], result=result)
 
 
 def _check_structured(request: ConferRequest) -> None:
@@ -164,7 +193,8 @@ class _Confer:
 
 class _Answers:
     """Every member answers at once, in one task group bounded by the call's deadline; a member
-    still out then is timed out. With a stage after it, each answer is laid out like that
+    still out then is timed out. With a `quorum`, once that many have answered ok the rest get
+    `grace_seconds` more, then are stopped as late. With a stage after it, each answer is laid out like that
     stage's turns (the question and context first in the system prompt), so the member's next
     turn reads them from the cache this one wrote."""
 
@@ -181,6 +211,8 @@ class _Answers:
         self.request, self.system = request, request.system
         self.schema = request.answer_schema
         self.messages = self.asked(staged)
+        self.scope: anyio.CancelScope | None = None  # the members' task group's, while they answer
+        self.grace_ends: float | None = None  # when the quorum's grace ends, once it has begun
 
     def planned_calls(self) -> PlannedCalls:
         """A plain confer sends each member the caller's question as it is: nothing shared."""
@@ -226,13 +258,26 @@ class _Answers:
         done: dict[str, Answer] = {}
         async with anyio.create_task_group() as group:
             group.cancel_scope.deadline = self.session.deadline  # members still out then are timed out
+            self.scope = group.cancel_scope
             for name in self.providers:
                 group.start_soon(self._ask, name, done)
         config, elapsed = self.session.runtime.config, self.session.elapsed_ms()
+        missing = timed_out if self.grace_ends is None else late  # the grace ended it, not the deadline
         board.answers = [
-            done.get(name) or timed_out(name, config.providers[name].model, elapsed)
-            for name in self.providers
+            done.get(name) or missing(name, config.providers[name].model, elapsed) for name in self.providers
         ]
+
+    def _quorum_reached(self, done: Mapping[str, Answer]) -> None:
+        """Once `quorum` members have answered ok, those still out get `grace_seconds` more (never
+        past the call's deadline), then are stopped: their requests cancelled, their status late."""
+        quorum = self.request.quorum
+        if quorum is None or self.grace_ends is not None or len(done) == len(self.providers):
+            return
+        if sum(a.ok for a in done.values()) < quorum:
+            return
+        ends = anyio.current_time() + self.request.grace_seconds
+        if self.scope is not None and ends < self.scope.deadline:
+            self.scope.deadline, self.grace_ends = ends, ends
 
     async def _send(self, name: str, messages: tuple[Message, ...], tools: tuple[str, ...]) -> Answer:
         if self.staged:
@@ -255,6 +300,7 @@ class _Answers:
                 telemetry,
             )
         done[name] = answer
+        self._quorum_reached(done)
         if self.session.progress is not None:
             step = {
                 "provider": name,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from conclave.schema.config import CostCapMode, WorkerToolMode
 
@@ -50,6 +50,9 @@ class ConferRequest(CallRequest):
     synthesize: bool = False
     vote_fields: tuple[str, ...] = ()
     tolerance: float = 0.0
+    quorum: int | None = None  # None: every member
+    grace_seconds: float = 5.0
+    on_partial: Literal["return", "error"] = "return"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

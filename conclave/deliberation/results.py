@@ -28,7 +28,8 @@ OPERATOR_PROMPT = (
 @record
 class Answer:
     """One provider's answer to one turn. `status`: ok | error | timeout | breaker_open | skipped
-    (and, for a role, invalid_envelope; for a structured answer, invalid_answer). `value`: the
+    | late (a confer member stopped once the quorum had answered and its grace ran out) (and,
+    for a role, invalid_envelope; for a structured answer, invalid_answer). `value`: the
     structured answer, when the call asked for one and the reply was valid."""
 
     provider: str
@@ -89,13 +90,23 @@ class DegradedReason:
     role: str | None
     status: str
     code: str | None
+    elapsed_ms: float | None = None  # a late member: when it was stopped, from the call's start
 
     @classmethod
     def of(cls, answer: Answer, role: str | None = None) -> DegradedReason:
-        return cls(answer.provider, role, answer.status, answer.error_code)
+        elapsed = answer.latency_ms if answer.status == "late" else None
+        return cls(answer.provider, role, answer.status, answer.error_code, elapsed)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"provider": self.provider, "role": self.role, "status": self.status, "code": self.code}
+        out: dict[str, Any] = {
+            "provider": self.provider,
+            "role": self.role,
+            "status": self.status,
+            "code": self.code,
+        }
+        if self.elapsed_ms is not None:
+            out["elapsed_ms"] = round(self.elapsed_ms, 3)
+        return out
 
 
 @record(kw_only=True)

@@ -32,7 +32,7 @@ from conclave.app.server.jsonrpc import (
 )
 from conclave.app.server.progress import CallProgress
 from conclave.app.server.surface import describe
-from conclave.core.errors import ConfigError, InvalidArguments, ToolError
+from conclave.core.errors import ConfigError, InvalidArguments, PartialResult, ToolError
 from conclave.core.version import __version__
 from conclave.obs.telemetry import Telemetry, traced
 
@@ -269,7 +269,8 @@ class Server:
         except InvalidArguments as exc:
             return _tool_error(f"Invalid arguments for {name} at {exc.path}: {exc.message}")
         except (ToolError, ConfigError) as exc:
-            return _tool_error(str(exc))
+            # A partial confer keeps what arrived: its reason, message and answers, as structured content.
+            return _tool_error(str(exc), exc.to_dict() if isinstance(exc, PartialResult) else None)
         return {
             "content": [{"type": "text", "text": tool.render(result)}],
             "structuredContent": result,
@@ -301,8 +302,11 @@ def _task_progress(task: TaskRecord) -> ProgressSink:
     return progress
 
 
-def _tool_error(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
+def _tool_error(text: str, structured: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": True}
+    if structured is not None:
+        out["structuredContent"] = structured
+    return out
 
 
 def _object_params(request: Request) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def to_rpc_error(exc: BaseException, *, method: str, telemetry: Telemetry) -> Rp
     elif isinstance(exc, UnknownTool):
         error = RpcError(INVALID_PARAMS, str(exc))
     elif isinstance(exc, ToolError):
-        error = RpcError(TOOL_FAILED, exc.message, {"reason": exc.reason, "message": exc.message})
+        error = RpcError(TOOL_FAILED, exc.message, exc.to_dict())  # {reason, message, ...}
     elif isinstance(exc, CallerError):
         error = RpcError(INVALID_PARAMS, str(exc), {"reason": exc.code})
     else:
