@@ -19,18 +19,18 @@ SERVE = ["serve"]
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}
 
 
+def panel_providers(panel: SimPanel, price: dict[str, float] = PRICE) -> dict[str, dict[str, Any]]:
+    """Three simulated members, alpha, beta and gamma, one per wire kind."""
+    kinds = {"alpha": "openai", "beta": "anthropic", "gamma": "gemini"}
+    return {
+        name: {"kind": kind, "model": f"m-{name}", "base_url": panel.base_url(kind), "price": price}
+        for name, kind in kinds.items()
+    }
+
+
 def panel_config(panel: SimPanel, tmp_path: Path, **extra: Any) -> Path:
     """Three simulated members, one per wire kind; telemetry and transcripts in tmp_path."""
-    providers = {
-        "alpha": {"kind": "openai", "model": "m-alpha", "base_url": panel.base_url("openai"), "price": PRICE},
-        "beta": {
-            "kind": "anthropic",
-            "model": "m-beta",
-            "base_url": panel.base_url("anthropic"),
-            "price": PRICE,
-        },
-        "gamma": {"kind": "gemini", "model": "m-gamma", "base_url": panel.base_url("gemini"), "price": PRICE},
-    }
+    providers = panel_providers(panel)
     data = {
         "providers": providers,
         "panel": ["alpha", "beta", "gamma"],

@@ -22,29 +22,18 @@ from conclave.deliberation.confer import confer
 from conclave.deliberation.results import ConferResult
 from conclave.schema.config import Config
 from conclave.schema.schemas import first_error
-from tests.server_support import StdioServer, panel_config, start_server
+from tests.server_support import StdioServer, panel_config, panel_providers, start_server
 from tests.support import read_events
 
 pytestmark = pytest.mark.anyio
 
-PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}
 SLOW_MS = 5000
 
 
 @pytest.fixture
 def config(make_config: Callable[..., Config], panel: SimPanel) -> Config:
-    providers = {
-        "alpha": {"kind": "openai", "model": "m-alpha", "base_url": panel.base_url("openai"), "price": PRICE},
-        "beta": {
-            "kind": "anthropic",
-            "model": "m-beta",
-            "base_url": panel.base_url("anthropic"),
-            "price": PRICE,
-        },
-        "gamma": {"kind": "gemini", "model": "m-gamma", "base_url": panel.base_url("gemini"), "price": PRICE},
-    }
     made = make_config(
-        providers,
+        panel_providers(panel),
         retry={"max_attempts": 1},
         roles={"proposer": "alpha", "critics": ["beta", "gamma"], "synthesizer": "alpha"},
     )

@@ -19,6 +19,7 @@ from typing import Any, Literal, TextIO
 import anyio
 import orjson
 
+from conclave.app.beside import running_beside
 from conclave.app.labels import plural, reason_codes, unique, warning_label
 from conclave.core.messages import Delta
 from conclave.schema.config import Config
@@ -575,20 +576,11 @@ class LiveProgress:
         body's own exception comes out as it is, not wrapped in the task group's ExceptionGroup
         (the CLI maps a ConfigError or an OSError to one line)."""
         self.start()
-        failure: Exception | None = None
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._redraw_forever)
-                try:
-                    yield self
-                except Exception as exc:
-                    failure = exc
-                finally:
-                    group.cancel_scope.cancel()
+            async with running_beside(self._redraw_forever):
+                yield self
         finally:
             self.draw()
-        if failure is not None:
-            raise failure
 
     async def _redraw_forever(self) -> None:
         while True:

@@ -63,7 +63,7 @@ def main(config: Config, options: Options, *, out: IO[str], err: IO[str]) -> int
         return EXIT_REFUSED
     started = now()
     try:
-        ran = anyio.run(_run, config, prepared, err)
+        ran = anyio.run(run, config, prepared, err, f"eval {prepared.suite.name}")
     except runner.EvalRefused as exc:
         print(f"conclave eval: {exc}", file=err)
         return EXIT_REFUSED
@@ -102,9 +102,10 @@ def prepare(config: Config, options: Options) -> Prepared:
     return Prepared(suite=suite, plan=plan, panel=panel)
 
 
-async def _run(config: Config, prepared: Prepared, err: IO[str]) -> runner.Ran:
+async def run(config: Config, prepared: Prepared, err: IO[str], description: str) -> runner.Ran:
+    """The prepared plan on `config`'s panel, with its progress bar on `err`."""
     async with Conclave(config) as client:
-        with Bar(err, description=f"eval {prepared.suite.name}") as bar:
+        with Bar(err, description=description) as bar:
             return await runner.run(client, prepared.plan, progress=bar)
 
 

@@ -20,9 +20,7 @@ from typing import IO, Any, Final
 
 import anyio
 
-from conclave.app.api import Conclave
-from conclave.app.evals import command, runner, scoring
-from conclave.app.evals.progress import Bar
+from conclave.app.evals import command, scoring
 from conclave.app.evals.suite import Item, Suite, letters, load_suite
 from conclave.app.sim.oracle import Oracle, OracleItem
 from conclave.app.sim.simulated import SimulatedPanel
@@ -86,9 +84,7 @@ async def _case(
         case_options = dataclasses.replace(options, suite=SUITE, out=str(out_dir), resume=False)
         prepared = command.prepare(sim.config, case_options)
         started = command.now()
-        async with Conclave(sim.config) as client:
-            with Bar(err, description=f"demo {case.name}") as bar:
-                ran = await runner.run(client, prepared.plan, progress=bar)
+        ran = await command.run(sim.config, prepared, err, f"demo {case.name}")
         return command.finish(prepared, ran, case_options, started=started, out=out, err=err)
 
 

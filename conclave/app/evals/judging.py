@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 from conclave.app.api import Conclave
+from conclave.app.evals.strategies import plan_cost
 from conclave.app.evals.suite import Item
 from conclave.core.records import record
 
@@ -79,15 +80,15 @@ async def bound(client: Conclave, judges: Sequence[str], item: Item) -> float | 
     """The dry-run bound of judging one answer of the item. The answer stands in as max_tokens
     bytes: a dry run counts a prompt's bytes as its tokens, and no answer is longer."""
     longest = "x" * client.config.limits.max_tokens
-    result = await client.confer(
-        prompt(item, longest),
-        context=item.context,
-        providers=list(judges),
-        answer_schema=VERDICT_SCHEMA,
-        dry_run=True,
+    return plan_cost(
+        await client.confer(
+            prompt(item, longest),
+            context=item.context,
+            providers=list(judges),
+            answer_schema=VERDICT_SCHEMA,
+            dry_run=True,
+        )
     )
-    cost = (result.plan or {}).get("max_cost_usd")
-    return float(cost) if isinstance(cost, int | float) else None
 
 
 def _verdict(value: Any) -> Judgement:

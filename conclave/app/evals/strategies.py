@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, Literal
 
 import anyio
 
@@ -149,16 +150,35 @@ class Samples(Strategy):
     async def bound(self, client: Conclave, ask: Ask) -> float | None:
         n = self._count(ask)
         plan = await client.confer(ask.item.question, dry_run=True, **self._arguments(ask, n))
-        cost = _plan_cost(plan)
+        cost = plan_cost(plan)
         return None if cost is None else cost * n
 
 
-class PanelVote(Strategy):
-    """Every panel member once; the vote's winner on the scored field."""
+class _Panel(Strategy):
+    """A confer of the whole panel: the stages it runs beside the answers, and its dry run."""
+
+    stages: ClassVar[Mapping[str, bool]] = MappingProxyType({})
 
     def __init__(self, panel: Sequence[str]) -> None:
-        self.name = "vote"
         self.panel = tuple(panel)
+
+    def _arguments(self, ask: Ask) -> dict[str, Any]:
+        return {"context": ask.item.context, "providers": list(self.panel), **self.stages, **ask.structured()}
+
+    async def _confer(self, client: Conclave, ask: Ask) -> ConferResult:
+        return await client.confer(ask.item.question, session_id=ask.session, **self._arguments(ask))
+
+    async def bound(self, client: Conclave, ask: Ask) -> float | None:
+        return plan_cost(await client.confer(ask.item.question, dry_run=True, **self._arguments(ask)))
+
+
+class PanelVote(_Panel):
+    """Every panel member once; the vote's winner on the scored field."""
+
+    name = "vote"
+
+    def __init__(self, panel: Sequence[str]) -> None:
+        super().__init__(panel)
         self.description = f"majority vote of the panel ({len(self.panel)} members)"
 
     @property
@@ -168,46 +188,30 @@ class PanelVote(Strategy):
     def applies_to(self, item: Item) -> bool:
         return scoring.answer_schema(item) is not None
 
-    def _arguments(self, ask: Ask) -> dict[str, Any]:
-        return {"context": ask.item.context, "providers": list(self.panel), **ask.structured()}
-
     async def answer(self, client: Conclave, ask: Ask) -> Outcome:
-        result = await client.confer(ask.item.question, session_id=ask.session, **self._arguments(ask))
+        result = await self._confer(client, ask)
         winner = _winner(result, ask.field)
         return _outcome(result, winner, failed=not any(a.value is not None for a in result.answers))
 
-    async def bound(self, client: Conclave, ask: Ask) -> float | None:
-        return _plan_cost(await client.confer(ask.item.question, dry_run=True, **self._arguments(ask)))
 
-
-class Council(Strategy):
+class Council(_Panel):
     """The panel answers, reviews blind, and the chair decides."""
 
+    name = "council"
+    stages = MappingProxyType({"review": True, "synthesize": True})
+
     def __init__(self, panel: Sequence[str]) -> None:
-        self.name = "council"
-        self.panel = tuple(panel)
+        super().__init__(panel)
         self.description = f"confer, blind review and the chair's decision ({len(self.panel)} members)"
 
     @property
     def calls_per_item(self) -> int:
         return 2 * len(self.panel) + 1
 
-    def _arguments(self, ask: Ask) -> dict[str, Any]:
-        return {
-            "context": ask.item.context,
-            "providers": list(self.panel),
-            "review": True,
-            "synthesize": True,
-            **ask.structured(),
-        }
-
     async def answer(self, client: Conclave, ask: Ask) -> Outcome:
-        result = await client.confer(ask.item.question, session_id=ask.session, **self._arguments(ask))
+        result = await self._confer(client, ask)
         value = _decided(result.synthesis, ask.field)
         return _outcome(result, value, failed=value is None)
-
-    async def bound(self, client: Conclave, ask: Ask) -> float | None:
-        return _plan_cost(await client.confer(ask.item.question, dry_run=True, **self._arguments(ask)))
 
 
 class Debate(Strategy):
@@ -235,7 +239,7 @@ class Debate(Strategy):
         return _outcome(result, value, failed=value is None)
 
     async def bound(self, client: Conclave, ask: Ask) -> float | None:
-        return _plan_cost(await client.coordinate(ask.item.question, dry_run=True, **self._arguments(ask)))
+        return plan_cost(await client.coordinate(ask.item.question, dry_run=True, **self._arguments(ask)))
 
 
 def parse_strategies(
@@ -378,7 +382,8 @@ def _first_error(answers: Sequence[Answer]) -> str:
     return "no valid answer"
 
 
-def _plan_cost(result: ConferResult | CoordinateResult) -> float | None:
+def plan_cost(result: ConferResult | CoordinateResult) -> float | None:
+    """A dry run's bound on the cost (None when a price is unknown)."""
     plan = result.plan or {}
     cost = plan.get("max_cost_usd")
     return float(cost) if isinstance(cost, int | float) else None

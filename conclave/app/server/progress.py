@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 
 import anyio
 
+from conclave.app.beside import running_beside
 from conclave.core.messages import Delta
 
 Send = Callable[[Any], Awaitable[None]]
@@ -62,18 +63,8 @@ class CallProgress:
     async def around(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`, with the streamed counts reported while it runs. Its own exception comes out
         as it is (an RpcError must stay one), not wrapped in the task group's ExceptionGroup."""
-        failure: Exception | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._report_forever)
-            try:
-                result = await call()
-            except Exception as exc:
-                failure = exc
-            finally:
-                group.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        return result
+        async with running_beside(self._report_forever):
+            return await call()
 
     async def _report_forever(self) -> None:
         while True:
