@@ -144,7 +144,9 @@ async def test_three_members_answer_and_usage_is_what_the_server_counted(
     before = await counters(server)
     async with Conclave(config_for(server, PERSONAS, stream=False), transport=recorder) as conclave:
         with anyio.fail_after(CALL_SECONDS + MARGIN):
-            result = await conclave.confer(QUESTION, max_tokens=48, timeout_seconds=CALL_SECONDS)
+            result = await conclave.confer(  # at temperature 0, so never an empty reply drawn by chance
+                QUESTION, max_tokens=48, temperature=0, timeout_seconds=CALL_SECONDS
+            )
 
     assert not result.degraded, result.degraded_reasons
     served = {body["id"]: body["usage"] for body in recorder.bodies}
@@ -207,7 +209,10 @@ async def test_the_anthropic_messages_wire_answers_too(
     async with Conclave(config, transport=recorder) as conclave:
         with anyio.fail_after(CALL_SECONDS + MARGIN):
             result = await conclave.confer(
-                "What is a message queue? One sentence.", max_tokens=48, timeout_seconds=CALL_SECONDS
+                "What is a message queue? One sentence.",
+                max_tokens=48,
+                temperature=0,
+                timeout_seconds=CALL_SECONDS,
             )
 
     assert not result.degraded, result.degraded_reasons
@@ -250,8 +255,10 @@ async def test_a_one_round_coordinate_returns_valid_envelopes_or_names_the_inval
         else:  # anything else is named, with why
             assert reasons[(turn["provider"], turn["role"])] == turn["error"]["code"], turn
     assert out["proposal"]["usage"]["output_tokens"] > 0, "the proposer answered, in some form"
-    # what a real model's text may cost a debate: envelopes, and what cannot run without them
-    assert set(reasons.values()) <= {"invalid_envelope", "no_proposal"}, out["degraded_reasons"]
+    # what a real model's text may cost a debate: envelopes (or a reply of nothing, now and then,
+    # since the personas sample), and what cannot run without them
+    possible = {"invalid_envelope", "empty_completion", "no_proposal"}
+    assert set(reasons.values()) <= possible, out["degraded_reasons"]
     assert out["degraded"] == bool(reasons)
 
 
@@ -277,9 +284,10 @@ async def test_the_tag_protocol_survives_a_real_models_text(
     out = result.to_dict()
     budget = out["worker_tools"]["hop_budget"]
     (answer,) = out["answers"]
-    if answer["status"] != "ok":  # an answer of nothing but imitated tool output is named, not shown
-        assert answer["error"]["code"] == "forged_tool_output", answer
-        assert out["degraded_reasons"][0]["code"] == "forged_tool_output"
+    if answer["status"] != "ok":  # no answer is named, not shown: nothing but imitated tool output,
+        # or nothing at all (SmolLM2 samples, and sometimes ends its final round at once)
+        assert answer["error"]["code"] in ("forged_tool_output", "empty_completion"), answer
+        assert out["degraded_reasons"][0]["code"] == answer["error"]["code"]
     assert answer["tool_mode"] == "tags"
     # Model calls: one per tool call the budget allows, the final round, and at most one more
     # when an answer imitated tool output and was asked again (docs/worker-loop.md).
