@@ -254,6 +254,7 @@ async def test_a_failing_synthesizer_is_replaced_and_the_result_names_who_and_wh
         "role": "synthesizer",
         "status": "error",
         "code": "server_error",
+        "message": "[simulated] The server had an error while processing your request. Sorry about that!",
     }
     assert "synthesizer_fallback" in result["warnings"]
     assert result["degraded"] is False

@@ -19,6 +19,7 @@ from conclave.app.runtime import open_runtime
 from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.core.errors import InvalidArguments, PartialResult
 from conclave.deliberation.confer import confer
+from conclave.deliberation.coordinate import coordinate
 from conclave.deliberation.results import ConferResult
 from conclave.schema.config import Config
 from conclave.schema.schemas import first_error
@@ -78,8 +79,17 @@ async def test_a_member_still_out_after_the_quorum_and_its_grace_is_stopped_as_l
     assert 0 < reason["elapsed_ms"] < SLOW_MS, "stopped when the grace ran out, not when it would answer"
     assert result["degraded"] is True
     assert await aborted(panel, "m-gamma"), "the late member's request was cancelled upstream"
+    [event] = [e for e in read_events(events_path) if e["event"] == "member_late"]
+    assert event["provider"] == "gamma" and event["elapsed_ms"] == reason["elapsed_ms"]
     [end] = [e for e in read_events(events_path) if e["event"] == "session_end"]
     assert end["degraded_reasons"][0]["status"] == "late"
+
+
+async def test_grace_without_a_quorum_changes_nothing(config: Config, panel: SimPanel) -> None:
+    panel.set_scenario("m-gamma", Scenario(latency_ms=400))
+    result = await run(config, grace_seconds=0.05)
+    assert statuses(result) == {"alpha": "ok", "beta": "ok", "gamma": "ok"}
+    assert panel.aborted == []
 
 
 async def test_with_every_member_fast_nobody_is_late(config: Config, panel: SimPanel) -> None:
@@ -173,3 +183,36 @@ async def test_on_partial_error_over_stdio_is_an_mcp_error_and_a_plain_method_er
     finally:
         server.process.kill()
         await server.process.wait()
+
+
+# ---------------------------------------------------------------- coordinate's critics
+
+
+async def test_a_critic_still_out_after_the_quorum_and_its_grace_is_late_and_the_debate_goes_on(
+    config: Config, panel: SimPanel, events_path: Path
+) -> None:
+    panel.set_scenario("m-gamma", Scenario(latency_ms=SLOW_MS))
+    async with open_runtime(config) as rt:
+        debate = await coordinate(
+            rt, {"task": "Pick a cache policy.", "quorum": 1, "grace_seconds": 0.2, "timeout_seconds": 30}
+        )
+    result = debate.to_dict()
+    assert first_error("coordinate.output.json", result) is None
+    critiques = {c["provider"]: c for c in result["critiques"]}
+    assert critiques["beta"]["status"] == "ok" and critiques["beta"]["envelope"] is not None
+    late_one = critiques["gamma"]
+    assert (late_one["status"], late_one["error"]["code"], late_one["round"]) == ("late", "late", 1)
+    [reason] = result["degraded_reasons"]
+    assert (reason["provider"], reason["role"], reason["status"]) == ("gamma", "critic", "late")
+    assert 0 < reason["elapsed_ms"] < SLOW_MS
+    assert result["synthesis"]["status"] == "ok", "the synthesizer wrote from the critique that arrived"
+    assert await aborted(panel, "m-gamma"), "the late critic's request was cancelled upstream"
+    [event] = [e for e in read_events(events_path) if e["event"] == "member_late"]
+    assert (event["provider"], event["role"]) == ("gamma", "critic")
+
+
+async def test_a_critics_quorum_larger_than_the_critics_is_invalid(config: Config) -> None:
+    async with open_runtime(config) as rt:
+        with pytest.raises(InvalidArguments) as info:
+            await coordinate(rt, {"task": "Pick a cache policy.", "quorum": 3})
+    assert info.value.path == "$.quorum" and "critic" in info.value.message

@@ -31,7 +31,7 @@ EVERY_OPTION = {
         "coordinate",
         "Design it.",
         *("--proposer", "a", "--critics", "b,c", "--synthesizer", "d", "--rounds", "2", "--all-rounds"),
-        *("--choices", "SQS,Kafka"),
+        *("--choices", "SQS,Kafka", "--quorum", "1", "--grace", "0.5"),
     ],
 }
 CALL_OPTIONS = [

@@ -186,6 +186,19 @@ async def _produce(tmp: Path) -> list[Produced]:
             out += _records(quorum, "quorum")
             panel.reset()
 
+        # sim-openai's key is refused: its fallback, sim-gemini (not asked), answers in its place
+        openai = dataclasses.replace(priced.providers["sim-openai"], fallbacks=("sim-gemini",))
+        standing_in = dataclasses.replace(priced, providers={**priced.providers, "sim-openai": openai})
+        panel.set_scenario("sim-gpt", Scenario(replies=(Reply(status=401),)))
+        async with conclave.Conclave(standing_in) as c:
+            pair = ["sim-openai", "sim-anthropic"]
+            out += _records(await c.confer("Which queue?", providers=pair, dry_run=True), "fallback plan")
+            replaced = await c.confer("Which queue?", providers=pair)
+            assert replaced.answers[0].fallback_from is not None
+            out += _records(replaced, "fallback")
+        panel.reset()
+
+        async with conclave.Conclave(priced) as c:
             out += _records(await c.coordinate("Pick a cache policy.", dry_run=True), "debate plan")
             debate = await c.coordinate(
                 "Pick a cache policy.",

@@ -121,6 +121,8 @@ class Conclave:
         worker_tool_mode: WorkerToolMode | None = None,
         stop_when_converged: bool | None = None,
         answer_schema: Mapping[str, Any] | None = None,
+        quorum: int | None = None,
+        grace_seconds: float | None = None,
         progress: ProgressSink | None = None,
         deltas: DeltaSink | None = None,
     ) -> CoordinateResult:
@@ -128,7 +130,8 @@ class Conclave:
         `stop_when_converged` is False) once every critic accepts. With `answer_schema`, the
         synthesizer also decides the answer as an object valid against it:
         `result.synthesis.value` (None when no synthesizer gave a valid one; the result is then
-        degraded)."""
+        degraded). With `quorum`, once that many critics of a round have critiqued, the others get
+        `grace_seconds` more, then are stopped as `late`."""
         args = _arguments("coordinate", locals())
         return await _coordinate(self._open(), args, progress=progress, deltas=deltas)
 

@@ -194,12 +194,7 @@ def _add_confer(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     confer.add_argument(
         "--tolerance", type=float, metavar="X", help="numbers within X times the larger agree (default 0)"
     )
-    confer.add_argument(
-        "--quorum", type=int, metavar="N", help="once N members answered, stop the rest after --grace"
-    )
-    confer.add_argument(
-        "--grace", type=_positive_seconds, metavar="S", help="with --quorum: seconds the rest get (default 5)"
-    )
+    _add_quorum(confer, "members")
     confer.add_argument(
         "--on-partial",
         choices=("return", "error"),
@@ -224,8 +219,18 @@ def _add_coordinate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="run every round even after all critics accept (default: stop once they do)",
     )
     _add_answer_schema(coordinate, "the synthesizer", " as well as its answer")
+    _add_quorum(coordinate, "critics of a round")
     _add_call_options(coordinate)
     coordinate.set_defaults(handler=cmd_coordinate)
+
+
+def _add_quorum(parser: argparse.ArgumentParser, who: str) -> None:
+    parser.add_argument(
+        "--quorum", type=int, metavar="N", help=f"once N {who} answered, stop the rest after --grace"
+    )
+    parser.add_argument(
+        "--grace", type=_positive_seconds, metavar="S", help="with --quorum: seconds the rest get (default 5)"
+    )
 
 
 def _add_answer_schema(parser: argparse.ArgumentParser, who: str, then: str) -> None:
@@ -738,6 +743,9 @@ def _coordinate_args(args: argparse.Namespace) -> dict[str, Any]:
     schema = _answer_schema(args)
     if schema is not None:
         tool_args["answer_schema"] = schema
+    for option, name in (("quorum", "quorum"), ("grace", "grace_seconds")):
+        if getattr(args, option) is not None:
+            tool_args[name] = getattr(args, option)
     return tool_args
 
 

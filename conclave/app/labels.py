@@ -38,12 +38,18 @@ DEGRADED_LABELS: Mapping[str, str] = {
     "internal_error": "an internal error in Conclave",
     "cancelled": "cancelled",
     "forged_tool_output": "answered only with imitated tool output",
+    "auth_error": "its API key was refused",
+    "permission_denied": "its API key may not use this model",
+    "insufficient_quota": "its account is out of credit or quota",
+    "quota_exhausted": "its quota is used up for now",
+    "not_found": "the provider does not know this model",
 }
 
 # `warnings` of an answer or a result.
 WARNING_LABELS: Mapping[str, str] = {
     "price_unknown": "cost unknown: a provider has no price configured",
     "synthesizer_fallback": "a fallback synthesizer stood in for the one asked",
+    "member_fallback": "a member failed for good and one of its fallbacks answered in its place",
     "canary_leak": "a model's output carried the session's canary (a sign of prompt injection)",
     "forged_tool_output": "the answer imitated tool output instead of calling the tool; it was defanged",
     "native_tools_unsupported": "the provider refused native tool calls, so tags were used",

@@ -184,6 +184,8 @@ def _answer_block(answer: Mapping[str, Any], style: Style) -> list[str]:
         f"{answer.get('hops', 0)} hop{'s' if answer.get('hops') != 1 else ''}",
     ]
     lines = [" · ".join(head + _tool_mode(answer))]
+    if answer.get("fallback_from"):  # a member failed for good; this fallback answered for it
+        lines.append(style.warn(f"  stood in for {_reason(answer['fallback_from'])}"))
     if answer.get("value") is not None:  # a structured answer: its fields, not its JSON text
         lines += [f"  {key}: {_shown(value)}" for key, value in answer["value"].items()]
     elif answer.get("text"):
@@ -268,6 +270,8 @@ def _plan(plan: Mapping[str, Any], style: Style) -> list[str]:
         lines.append(f"  or at most {cached} when later calls read the task from the cache")
     for call in plan.get("calls") or []:
         role = f" as {call['role']}" if call.get("role") else ""
+        if call.get("fallback_for"):
+            role += f" (if {call['fallback_for']} fails for good)"
         limits = (
             f"≤ {call.get('max_calls')} calls, ≤ {call.get('max_input_tokens')} in / "
             f"{call.get('max_output_tokens')} out tokens, ≤ {fmt_cost(call.get('max_cost_usd'))}"

@@ -105,6 +105,26 @@ async def asked_twice(
     return second, None, error
 
 
+# A call that failed for good: asking again cannot cure it, another provider may
+# (docs/tools.md#member-fallbacks). The errors a retry may fix (server errors, timeouts, rate
+# limits that refill) are retried by the client and carry none of these codes.
+FAILED_FOR_GOOD = frozenset(
+    {
+        "auth_error",  # 401, or a key the provider calls invalid (Gemini answers 400)
+        "permission_denied",  # 403: the key may not use this model
+        "insufficient_quota",  # 402 (Anthropic's billing_error), OpenAI's 429 insufficient_quota
+        "quota_exhausted",  # a 429 whose quota does not refill soon (Gemini's per-day quota)
+        "not_found",  # 404: no such model
+        "breaker_open",  # the provider failed too often, moments ago
+        "missing_api_key",  # its key is not set
+    }
+)
+
+
+def failed_for_good(answer: Answer) -> bool:
+    return answer.status != "ok" and answer.error_code in FAILED_FOR_GOOD
+
+
 def status_of(exc: ProviderError) -> str:
     if isinstance(exc, MissingApiKey):
         return "skipped"

@@ -19,10 +19,10 @@ import anyio
 from conclave.core.errors import InvalidArguments, PartialResult
 from conclave.core.messages import Message
 from conclave.deliberation import pipeline, review
-from conclave.deliberation.answers import late, timed_out
+from conclave.deliberation.answers import failed_for_good, late, timed_out
 from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import TurnShape, summarize, what_drives_the_bound
-from conclave.deliberation.requests import ConferRequest, request_from
+from conclave.deliberation.requests import ConferRequest, check_quorum, request_from
 from conclave.deliberation.results import (
     Answer,
     ConferResult,
@@ -72,20 +72,11 @@ async def confer(
             tool="confer",
         )
     _check_structured(request)
-    _check_quorum(request, len(request.providers or runtime.config.panel))
+    check_quorum(request.quorum, len(request.providers or runtime.config.panel), "confer")
     session = Session(runtime, "confer", request, progress, deltas)
     result = await run_session(session, _Confer(session, request))
     _check_partial(request, result)
     return result
-
-
-def _check_quorum(request: ConferRequest, members: int) -> None:
-    if request.quorum is not None and request.quorum > members:
-        raise InvalidArguments(
-            f"quorum {request.quorum} is more than the {members} member(s) asked",
-            path="$.quorum",
-            tool="confer",
-        )
 
 
 def _check_partial(request: ConferRequest, result: ConferResult) -> None:
@@ -142,14 +133,15 @@ class _Confer:
 
     def _result(self, board: pipeline.Board, plan: Mapping[str, Any] | None = None) -> ConferResult:
         answers, synthesis, stages = board.answers, board.synthesis, self.turns.answers
-        totals = Totals.of([*answers, *stages])
+        replaced = self.members.replaced
+        totals = Totals.of([*answers, *stages, *replaced])
         reasons = [DegradedReason.of(a) for a in answers if not a.ok]
         reasons += [a.reason for a in stages if a.role == "reviewer" and a.envelope is None]
         if synthesis is not None and synthesis.envelope is None:
             tried = [a for a in stages if a.role == "synthesizer"] or [synthesis]
             reasons += [a.reason for a in tried]
         reports = {a.provider: [a.cost_cap] if a.cost_cap else [] for a in answers}
-        for turn in stages:
+        for turn in (*stages, *replaced):
             if turn.cost_cap is not None:
                 reports.setdefault(turn.provider, []).append(turn.cost_cap)
         warnings = merged_warnings([*answers, *stages], price_unknown=totals.usage.cost_usd is None)
@@ -213,6 +205,8 @@ class _Answers:
         self.messages = self.asked(staged)
         self.scope: anyio.CancelScope | None = None  # the members' task group's, while they answer
         self.grace_ends: float | None = None  # when the quorum's grace ends, once it has begun
+        self.standing_in: set[str] = set()  # fallbacks that took a member's seat in this call
+        self.replaced: list[Answer] = []  # what the members a fallback replaced spent: it counts too
 
     def planned_calls(self) -> PlannedCalls:
         """A plain confer sends each member the caller's question as it is: nothing shared."""
@@ -224,9 +218,23 @@ class _Answers:
         shape = self.shape()
         repeats = 1 if self.schema is None else 2  # a structured answer may be asked for again
         return [
-            self.session.planned_call(name, shape, repeats=repeats, shared_bytes=shared)
-            for name in self.providers
+            self.session.planned_call(name, shape, repeats=repeats, shared_bytes=shared) | seat
+            for name, seat in self.seats()
         ]
+
+    def seats(self) -> list[tuple[str, dict[str, str]]]:
+        """Whoever may answer, for the dry run's bound: each member, then its fallbacks (marked
+        `fallback_for`), counted as if every one were asked."""
+        return [
+            (name, {"fallback_for": member} if name != member else {})
+            for member in self.providers
+            for name in (member, *self.stand_ins(member))
+        ]
+
+    def stand_ins(self, member: str) -> tuple[str, ...]:
+        """The fallbacks that may answer for `member`: those not already among the call's members."""
+        entry = self.session.runtime.config.providers.get(member)
+        return tuple(name for name in entry.fallbacks if name not in self.providers) if entry else ()
 
     def shape(self) -> TurnShape:
         return self.session.turn_shape(self.asked_bytes(self.staged), tools_on=self.session.tools_on)
@@ -266,6 +274,11 @@ class _Answers:
         board.answers = [
             done.get(name) or missing(name, config.providers[name].model, elapsed) for name in self.providers
         ]
+        for answer in board.answers:
+            if answer.status == "late":
+                self.session.runtime.telemetry.emit(
+                    "member_late", provider=answer.provider, elapsed_ms=round(elapsed, 3)
+                )
 
     def _quorum_reached(self, done: Mapping[str, Answer]) -> None:
         """Once `quorum` members have answered ok, those still out get `grace_seconds` more (never
@@ -287,18 +300,9 @@ class _Answers:
         )
 
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:
-        tools = self.session.tools.accepted
-        if self.schema is None:
-            answer = await self._send(name, self.messages, tools)
-        else:
-            telemetry = self.session.runtime.telemetry
-            answer = await structured_answer(
-                lambda messages, tools: self._send(name, messages, tools),
-                self.messages,
-                tools,
-                self.schema,
-                telemetry,
-            )
+        answer = await self._answer(name)
+        if failed_for_good(answer):
+            answer = await self._stand_in(name, answer)
         done[name] = answer
         self._quorum_reached(done)
         if self.session.progress is not None:
@@ -309,6 +313,43 @@ class _Answers:
                 "total": len(self.providers),
             }
             await self.session.progress(step)
+
+    async def _answer(self, name: str) -> Answer:
+        tools = self.session.tools.accepted
+        if self.schema is None:
+            return await self._send(name, self.messages, tools)
+        return await structured_answer(
+            lambda messages, tools: self._send(name, messages, tools),
+            self.messages,
+            tools,
+            self.schema,
+            self.session.runtime.telemetry,
+        )
+
+    async def _stand_in(self, member: str, failed: Answer) -> Answer:
+        """The first of the member's fallbacks not among the call's members (nor standing in for
+        another) answers in its place, naming it in `fallback_from`; the next is tried while each
+        fails for good too. `failed` as it is when the member has none left."""
+        answer = failed
+        for name in self.stand_ins(member):
+            if name in self.standing_in:
+                continue
+            self.standing_in.add(name)
+            self.replaced.append(answer)
+            self.session.runtime.telemetry.emit(
+                "member_fallback",
+                provider=member,
+                fallback=name,
+                status=failed.status,
+                code=failed.error_code,
+            )
+            answer = await self._answer(name)
+            if not failed_for_good(answer):
+                break
+        if answer is failed:
+            return failed
+        warnings = (*answer.warnings, "member_fallback")
+        return replace(answer, fallback_from=DegradedReason.replaced(failed), warnings=warnings)
 
 
 class _Vote:
@@ -376,8 +417,8 @@ class _Review:
             self.members.quoted_bytes() + len(system.encode("utf-8")), tools_on=session.tools_on
         )
         return [
-            session.planned_call(n, shape, repeats=2, role="reviewer", shared_bytes=shared)
-            for n in self.providers
+            session.planned_call(n, shape, repeats=2, role="reviewer", shared_bytes=shared) | seat
+            for n, seat in self.members.seats()
         ]
 
     async def run(self, board: pipeline.Board) -> None:

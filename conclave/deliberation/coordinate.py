@@ -5,6 +5,7 @@ and re-prompted once. The synthesizer never gets tools and is never a single poi
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ import anyio
 from conclave.deliberation import pipeline
 from conclave.deliberation.pipeline import Stage
 from conclave.deliberation.plan import summarize, what_drives_the_bound
-from conclave.deliberation.requests import CoordinateRequest, request_from
+from conclave.deliberation.requests import CoordinateRequest, check_quorum, request_from
 from conclave.deliberation.results import (
     CoordinateResult,
     RoleAnswer,
@@ -59,6 +60,8 @@ async def coordinate(
     request = args if isinstance(args, CoordinateRequest) else request_from(CoordinateRequest, args)
     if request.answer_schema is not None:  # held to the portable subset, as confer's is
         check_answer_schema(request.answer_schema, tool="coordinate")
+    critics = request.critics or runtime.config.roles.critics
+    check_quorum(request.quorum, len(critics), "coordinate", who="critic")
     session = Session(runtime, "coordinate", request, progress, deltas)
     return await run_session(session, _Debate(session, request))
 
@@ -85,6 +88,7 @@ class _Debate:
         self.cast = _Cast.of(request, session.runtime.config.roles)
         self.rounds = request.rounds
         self.stop_when_converged = request.stop_when_converged
+        self.quorum, self.grace_seconds = request.quorum, request.grace_seconds  # of each round's critics
         self.answer_schema = request.answer_schema  # the synthesis decides a value valid against it
         self.turns = RoleTurns(session, shared_system(self.task, self.context))
         self.stages: list[Stage] = [_Rounds(self), _Synthesis(self)]
@@ -293,16 +297,24 @@ class _Rounds:
         return await self._role("proposer", self.cast.proposer, prompt, number)
 
     async def _critique(self, number: int, proposal: Mapping[str, Any]) -> tuple[RoleAnswer, ...]:
+        """Every critic at once. With a quorum, once that many have given a valid critique the
+        rest get `grace_seconds` more (never past the call's deadline), then are stopped as late."""
         prompt = critic_prompt(proposal, round_number=number)
         found: dict[str, RoleAnswer] = {}
-
-        async def review(name: str) -> None:
-            found[name] = await self._role("critic", name, prompt, number)
+        critics, quorum = self.cast.critics, self.debate.quorum
 
         async with anyio.create_task_group() as group:
-            for name in self.cast.critics:
+
+            async def review(name: str) -> None:
+                found[name] = await self._role("critic", name, prompt, number)
+                valid = sum(a.envelope is not None for a in found.values())
+                grace_begun = group.cancel_scope.deadline != math.inf
+                if quorum is not None and valid >= quorum and len(found) < len(critics) and not grace_begun:
+                    group.cancel_scope.deadline = anyio.current_time() + self.debate.grace_seconds
+
+            for name in critics:
                 group.start_soon(review, name)
-        return tuple(found[name] for name in self.cast.critics)
+        return tuple(found.get(name) or self.turns.late("critic", name, number) for name in critics)
 
     async def _role(self, role: Role, name: str, prompt: str, number: int) -> RoleAnswer:
         return await self.turns.ask(role, name, prompt, number, tools=self.session.tools.accepted)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
+from conclave.core.errors import InvalidArguments
 from conclave.schema.config import CostCapMode, WorkerToolMode
 
 # Arguments that arrive as JSON arrays and are kept as tuples, so a request is immutable.
@@ -63,6 +64,8 @@ class CoordinateRequest(CallRequest):
     synthesizer: str | None = None
     rounds: int = 1
     stop_when_converged: bool = True
+    quorum: int | None = None  # of the critics, each round; None: every critic
+    grace_seconds: float = 5.0
 
 
 Request = TypeVar("Request", ConferRequest, CoordinateRequest)
@@ -77,6 +80,14 @@ def request_from(kind: type[Request], arguments: Mapping[str, Any]) -> Request:
         if value is not None:
             given[name] = tuple(value) if name in _SEQUENCES else value
     return kind(**given, arguments=dict(arguments))
+
+
+def check_quorum(quorum: int | None, asked: int, tool: str, who: str = "member") -> None:
+    """A quorum can be met: at most as many as are asked."""
+    if quorum is not None and quorum > asked:
+        raise InvalidArguments(
+            f"quorum {quorum} is more than the {asked} {who}(s) asked", path="$.quorum", tool=tool
+        )
 
 
 def request_fields(kind: type[CallRequest]) -> tuple[str, ...]:

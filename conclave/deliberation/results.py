@@ -8,7 +8,7 @@ coordinate role answer is an `Answer` plus its role, round, envelope and attempt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any
 
 from conclave.core.budgets import CostCapReport
@@ -30,7 +30,8 @@ class Answer:
     """One provider's answer to one turn. `status`: ok | error | timeout | breaker_open | skipped
     | late (a confer member stopped once the quorum had answered and its grace ran out) (and,
     for a role, invalid_envelope; for a structured answer, invalid_answer). `value`: the
-    structured answer, when the call asked for one and the reply was valid."""
+    structured answer, when the call asked for one and the reply was valid. `fallback_from`:
+    whom this answer replaces (a confer member that failed for good, a synthesizer)."""
 
     provider: str
     model: str | None
@@ -47,6 +48,7 @@ class Answer:
     cost_cap: CostCapReport | None = None
     tool_mode: str | None = None  # native | tags: how this turn's tools were encoded
     value: Mapping[str, Any] | None = None
+    fallback_from: DegradedReason | None = None
     exchanges: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)  # transcripts
 
     @property
@@ -79,6 +81,8 @@ class Answer:
                 out["tool_mode"] = self.tool_mode
             if self.cost_cap is not None:
                 out["cost_cap"] = self.cost_cap.to_dict()
+        if self.fallback_from is not None:
+            out["fallback_from"] = self.fallback_from.to_dict()
         return out
 
 
@@ -91,11 +95,18 @@ class DegradedReason:
     status: str
     code: str | None
     elapsed_ms: float | None = None  # a late member: when it was stopped, from the call's start
+    message: str | None = None  # the error's own words, kept when another answer replaces this one
 
     @classmethod
     def of(cls, answer: Answer, role: str | None = None) -> DegradedReason:
         elapsed = answer.latency_ms if answer.status == "late" else None
         return cls(answer.provider, role, answer.status, answer.error_code, elapsed)
+
+    @classmethod
+    def replaced(cls, answer: Answer, role: str | None = None) -> DegradedReason:
+        """Who a fallback answers for, with what went wrong in its own words."""
+        message = answer.error.get("message") if answer.error else None
+        return replace(cls.of(answer, role), message=message)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -106,6 +117,8 @@ class DegradedReason:
         }
         if self.elapsed_ms is not None:
             out["elapsed_ms"] = round(self.elapsed_ms, 3)
+        if self.message is not None:
+            out["message"] = self.message
         return out
 
 
@@ -118,7 +131,6 @@ class RoleAnswer(Answer):
     round: int | None = None
     envelope: Mapping[str, Any] | None = None
     attempts: int = 0
-    fallback_from: DegradedReason | None = None
     fallbacks_tried: tuple[DegradedReason, ...] = ()
 
     @property
@@ -132,8 +144,6 @@ class RoleAnswer(Answer):
             out["round"] = self.round
         if self.status != "invalid_envelope":
             out["text"] = None  # the envelope is the answer; raw text is kept only when it is invalid
-        if self.fallback_from is not None:
-            out["fallback_from"] = self.fallback_from.to_dict()
         if self.fallbacks_tried:
             out["fallbacks_tried"] = [reason.to_dict() for reason in self.fallbacks_tried]
         return out

@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 
 from conclave.core.messages import Message
-from conclave.deliberation.answers import asked_twice, combined, timed_out
-from conclave.deliberation.results import Answer, RoleAnswer, Totals
+from conclave.deliberation.answers import asked_twice, combined, late, timed_out
+from conclave.deliberation.results import Answer, DegradedReason, RoleAnswer, Totals
 from conclave.deliberation.roles import (
     Role,
     member_prompt,
@@ -162,6 +162,14 @@ class RoleTurns:
     def timed_out(self, role: Role, name: str) -> RoleAnswer:
         return RoleAnswer(**_fields(timed_out(name, None, self.session.elapsed_ms())), role=role)
 
+    def late(self, role: Role, name: str, number: int) -> RoleAnswer:
+        """A turn stopped once its quorum had answered and the grace period ran out."""
+        elapsed = self.session.elapsed_ms()
+        self.session.runtime.telemetry.emit(
+            "member_late", provider=name, role=role, elapsed_ms=round(elapsed, 3)
+        )
+        return RoleAnswer(**_fields(late(name, None, elapsed)), role=role, round=number)
+
     def totals(self, role: Role) -> Totals:
         return Totals.of([a for a in self.answers if a.role == role])
 
@@ -265,4 +273,5 @@ def _merged(first: RoleAnswer, second: Answer) -> RoleAnswer:
 def _with_fallback(answer: RoleAnswer, failed: Sequence[RoleAnswer]) -> RoleAnswer:
     if not failed:
         return answer
-    return replace(answer, fallback_from=failed[0].reason, fallbacks_tried=tuple(f.reason for f in failed))
+    replaced = DegradedReason.replaced(failed[0], failed[0].role)
+    return replace(answer, fallback_from=replaced, fallbacks_tried=tuple(f.reason for f in failed))

@@ -59,6 +59,9 @@ class ProviderConfig:
     # Answers are read as the provider streams them (docs/providers.md#streaming) where the kind
     # can; false for a server that cannot stream: plain calls only.
     stream: bool = True
+    # Who answers for this provider as a confer member when its call fails for good
+    # (docs/tools.md#member-fallbacks), in order.
+    fallbacks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +521,15 @@ def _check_references(raw: dict[str, Any], origins: Origins) -> None:
             named.append((f"roles.{key}", roles[key]))
     for key in ("critics", "synthesizer_fallbacks"):
         named += [(f"roles.{key}[{i}]", n) for i, n in enumerate(roles.get(key, []))]
+    for owner, entry in raw.get("providers", {}).items():
+        for i, name in enumerate(entry.get("fallbacks") or ()):
+            where = f"providers.{owner}.fallbacks[{i}]"
+            if name == owner:
+                raise ConfigError(
+                    f"config: {where}: a provider cannot be its own fallback; name another "
+                    f"{origins.of(where)}"
+                )
+            named.append((where, name))
     for where, name in named:
         if name not in known:
             raise ConfigError(
@@ -604,6 +616,7 @@ def _provider(name: str, entry: Mapping[str, Any]) -> ProviderConfig:
         prompt_cache_key=bool(entry.get("prompt_cache_key")),
         structured_output=entry.get("structured_output", True),
         stream=entry.get("stream", True),
+        fallbacks=tuple(entry.get("fallbacks") or ()),
     )
 
 
