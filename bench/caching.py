@@ -10,7 +10,9 @@ Two calls against the simulated panel (over loopback HTTP; replies scripted):
 - a 2-round `coordinate` on a 4-member panel (proposer, two critics, synthesizer) with a context
   of about `--context-tokens` tokens; again with a critic as the synthesizer (the shipped roles
   cast it so), whose synthesis then reads the task from the critic's cache; and
-- a K=5 `confer` with review.
+- a K=5 `confer` with review; and
+- a K=5 `confer` followed up twice (`follow_up_of`): each member is sent the thread's history
+  first, so each follow-up starts with what the provider was sent, and wrote, the turn before.
 A request's prompt is what the provider caches, in its order: tools, system prompt, messages.
 Anthropic's first request bills its prompt up to the breakpoint as a cache write (1.25 x).
 Tokens are estimated as characters / 4 on both sides of each ratio, so the shares are
@@ -163,6 +165,27 @@ async def _confer(workdir: Path) -> list[tuple[str, str, dict[str, Any]]]:
         return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received]
 
 
+async def _thread(workdir: Path, turns: int = 3) -> Requests:
+    """A confer and its follow-ups (`follow_up_of`): each turn's prompt starts with the turns
+    before it, which the same provider was sent (or wrote) the turn before."""
+    async with SimPanel() as panel:
+        for name in CONFER:
+            answer = Reply(text=f"{name}: option 2, because it is cheaper to run. " * 20)
+            panel.set_scenario(f"m-{name}", Scenario(replies=(answer,)))
+        roles = {"proposer": "m1", "critics": ["m2"], "synthesizer": "m2"}
+        async with open_runtime(_config(panel, CONFER, workdir, roles)) as runtime:
+            parent = None
+            for turn in range(turns):
+                args: dict[str, Any] = {"question": f"Question {turn + 1} about the queue?"}
+                if parent is not None:
+                    args["follow_up_of"] = parent
+                result = await confer(runtime, args)
+                if result.degraded:
+                    raise RuntimeError(f"a degraded run is no measurement: {result.degraded_reasons}")
+                parent = result.session_id
+        return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received]
+
+
 async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
@@ -179,6 +202,7 @@ async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
                 "panel_cached_tokens": float(cached.cached_input_tokens or 0),
             }
         figures["confer with review"] = measure(await _confer(Path(workdir)))
+        figures["confer, then 2 follow-ups"] = measure(await _thread(Path(workdir)))
     return figures
 
 

@@ -37,7 +37,7 @@ EVERY_OPTION = {
 CALL_OPTIONS = [
     *("--context", "C", "--worker-tools", "fetch,verify", "--cost-cap", "0.5", "--cost-cap-mode", "enforce"),
     *("--worker-tool-mode", "tags", "--timeout", "30", "--max-tokens", "99", "--temperature", "0.2"),
-    *("--session", "s-1", "--dry-run"),
+    *("--session", "s-1", "--follow-up", "s-0", "--dry-run"),
 ]
 
 

@@ -74,6 +74,7 @@ class Conclave:
         temperature: float | None = None,
         timeout_seconds: float | None = None,
         session_id: str | None = None,
+        follow_up_of: str | None = None,
         dry_run: bool | None = None,
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
@@ -97,7 +98,9 @@ class Conclave:
         must be to agree). With `quorum`, once that many have answered the others get
         `grace_seconds` more, then are stopped as `late`; with `on_partial="error"`, a result short
         of its members (or of the quorum) raises `PartialResult`, whose `result` is that partial
-        result. `deltas(provider, role, delta)` hears each answer as it streams in."""
+        result. `deltas(provider, role, delta)` hears each answer as it streams in. With
+        `follow_up_of` (a session id), each member is first sent that session's thread: the
+        earlier questions, its own answers, the syntheses."""
         args = _arguments("confer", locals())
         return await _confer(self._open(), args, progress=progress, deltas=deltas)
 
@@ -114,6 +117,7 @@ class Conclave:
         temperature: float | None = None,
         timeout_seconds: float | None = None,
         session_id: str | None = None,
+        follow_up_of: str | None = None,
         dry_run: bool | None = None,
         worker_tools: Sequence[str] | None = None,
         worker_tool_cost_cap_usd: float | None = None,
@@ -131,7 +135,8 @@ class Conclave:
         synthesizer also decides the answer as an object valid against it:
         `result.synthesis.value` (None when no synthesizer gave a valid one; the result is then
         degraded). With `quorum`, once that many critics of a round have critiqued, the others get
-        `grace_seconds` more, then are stopped as `late`."""
+        `grace_seconds` more, then are stopped as `late`. `follow_up_of` continues a session's
+        thread, as `confer`'s does."""
         args = _arguments("coordinate", locals())
         return await _coordinate(self._open(), args, progress=progress, deltas=deltas)
 

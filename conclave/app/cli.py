@@ -264,6 +264,9 @@ def _add_call_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, metavar="N", help="per model call")
     parser.add_argument("--temperature", type=float, metavar="T")
     parser.add_argument("--session", metavar="ID", help="session id (default: generated)")
+    parser.add_argument(
+        "--follow-up", metavar="SESSION", help="continue that session's thread: members see its earlier turns"
+    )
     parser.add_argument("--dry-run", action="store_true", help="call nothing; print the plan and cost bound")
     parser.add_argument("--json", action="store_true", help="print the structured result only")
 
@@ -759,6 +762,7 @@ _CALL_OPTIONS = {
     "max_tokens": "max_tokens",
     "temperature": "temperature",
     "session": "session_id",
+    "follow_up": "follow_up_of",
 }
 
 

@@ -50,6 +50,7 @@ WARNING_LABELS: Mapping[str, str] = {
     "price_unknown": "cost unknown: a provider has no price configured",
     "synthesizer_fallback": "a fallback synthesizer stood in for the one asked",
     "member_fallback": "a member failed for good and one of its fallbacks answered in its place",
+    "history_truncated": "the oldest turns of the thread were left out of this member's history",
     "canary_leak": "a model's output carried the session's canary (a sign of prompt injection)",
     "forged_tool_output": "the answer imitated tool output instead of calling the tool; it was defanged",
     "native_tools_unsupported": "the provider refused native tool calls, so tags were used",
@@ -65,6 +66,13 @@ STATUS_LABELS: Mapping[str, str] = {
     "timeout": "timed out",
     "late": "late",
     "error": "failed",
+}
+
+# Why a session's page shows its thread only from some turn on (`Sessions.earlier`'s `stopped`).
+THREAD_GAP_LABELS: Mapping[str, str] = {
+    "missing": "earlier turns are no longer available: a transcript of the thread is gone",
+    "cycle": "earlier turns are no longer available: the thread's links loop back on themselves",
+    "limit": "earlier turns are not shown: a page reads back 100 turns of a thread at most",
 }
 
 

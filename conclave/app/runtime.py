@@ -10,6 +10,7 @@ from typing import Any
 
 from conclave.deliberation.live import LiveDeltas
 from conclave.deliberation.session import Runtime, Sessions
+from conclave.deliberation.threads import ThreadStore
 from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.net.http import AiohttpTransport, Transport, make_http_client
 from conclave.obs.telemetry import Telemetry
@@ -65,6 +66,7 @@ async def open_runtime(
                 worker=worker,
                 sessions=sessions,
                 live=live or LiveDeltas(),
+                threads=ThreadStore(config.transcripts.dir if config.transcripts.enabled else None),
             )
     finally:
         if writer is not None:

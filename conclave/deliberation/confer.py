@@ -47,6 +47,7 @@ from conclave.deliberation.session import (
     Session,
     merged_warnings,
     run_session,
+    thread_of,
     user_messages,
 )
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
@@ -73,7 +74,7 @@ async def confer(
         )
     _check_structured(request)
     check_quorum(request.quorum, len(request.providers or runtime.config.panel), "confer")
-    session = Session(runtime, "confer", request, progress, deltas)
+    session = Session(runtime, "confer", request, progress, deltas, thread_of(runtime, request, "confer"))
     result = await run_session(session, _Confer(session, request))
     _check_partial(request, result)
     return result
@@ -149,6 +150,8 @@ class _Confer:
             warnings += ("synthesizer_fallback",)
         return ConferResult(
             session_id=self.session.id,
+            thread_id=self.session.thread_id,
+            parent=self.session.parent,
             degraded=bool(reasons),
             degraded_reasons=tuple(reasons),
             answers=tuple(answers),
@@ -246,7 +249,8 @@ class _Answers:
             system = session.hinted(member_system(self.turns.shared, self.system), tools) or ""
         else:
             system = session.hinted(self.system, tools) or ""
-        return len(("".join(m.content for m in self.asked(staged)) + system).encode("utf-8"))
+        asked = len(("".join(m.content for m in self.asked(staged)) + system).encode("utf-8"))
+        return asked + session.history_bytes([name for name, _ in self.seats()])
 
     def asked(self, staged: bool) -> tuple[Message, ...]:
         """What a member is asked, laid out with or without stages; for a structured answer, the
@@ -296,7 +300,7 @@ class _Answers:
         if self.staged:
             return await self.turns.answer(name, messages, self.system, tools, self.schema)
         return await self.session.ask(
-            name, messages, system=self.system, tools=tools, answer_schema=self.schema
+            name, messages, system=self.system, tools=tools, answer_schema=self.schema, history=True
         )
 
     async def _ask(self, name: str, done: dict[str, Answer]) -> None:

@@ -39,6 +39,7 @@ from conclave.deliberation.session import (
     Session,
     merged_warnings,
     run_session,
+    thread_of,
 )
 from conclave.deliberation.stages import PlannedCalls, RoleTurns, synthesizer_chain
 from conclave.schema.answer_schema import check_answer_schema
@@ -62,7 +63,8 @@ async def coordinate(
         check_answer_schema(request.answer_schema, tool="coordinate")
     critics = request.critics or runtime.config.roles.critics
     check_quorum(request.quorum, len(critics), "coordinate", who="critic")
-    session = Session(runtime, "coordinate", request, progress, deltas)
+    thread = thread_of(runtime, request, "coordinate")
+    session = Session(runtime, "coordinate", request, progress, deltas, thread)
     return await run_session(session, _Debate(session, request))
 
 
@@ -90,7 +92,7 @@ class _Debate:
         self.stop_when_converged = request.stop_when_converged
         self.quorum, self.grace_seconds = request.quorum, request.grace_seconds  # of each round's critics
         self.answer_schema = request.answer_schema  # the synthesis decides a value valid against it
-        self.turns = RoleTurns(session, shared_system(self.task, self.context))
+        self.turns = RoleTurns(session, shared_system(self.task, self.context), history=True)
         self.stages: list[Stage] = [_Rounds(self), _Synthesis(self)]
         self.turns.planned = pipeline.planned_calls(self.stages)
 
@@ -116,6 +118,7 @@ class _Debate:
         session = self.session
         embedded = (1 + len(self.cast.critics)) * session.max_tokens * 2  # earlier outputs quoted, escaped
         base = len((self.task + (self.context or "")).encode("utf-8")) + embedded + 2 * session.max_tokens
+        base += session.history_bytes(names)
         tools = session.tools.accepted if role in TOOL_ROLES else ()
         system = session.hinted(turn_system(self.turns.shared, role), tools) or ""
         asked = base + len(system.encode("utf-8")) + self._schema_bytes(role)
@@ -149,6 +152,8 @@ class _Debate:
             warnings += ("synthesizer_fallback",)
         return CoordinateResult(
             session_id=self.session.id,
+            thread_id=self.session.thread_id,
+            parent=self.session.parent,
             degraded=bool(missing),
             degraded_reasons=tuple(a.reason for a in missing),
             rounds=tuple(rounds),
@@ -209,6 +214,8 @@ class _Debate:
         note = f"{drives}; synthesizer fallbacks are counted as if every one were tried"
         return CoordinateResult(
             session_id=self.session.id,
+            thread_id=self.session.thread_id,
+            parent=self.session.parent,
             degraded=False,
             degraded_reasons=(),
             rounds=(),

@@ -39,6 +39,7 @@ class CallRequest:
     worker_tool_cost_cap_mode: CostCapMode | None = None
     worker_tool_mode: WorkerToolMode | None = None
     answer_schema: Mapping[str, Any] | None = None  # the answer as an object valid against it
+    follow_up_of: str | None = None  # a session whose thread this call continues
     arguments: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 

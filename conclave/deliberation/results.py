@@ -244,6 +244,8 @@ class _Result:
     warnings: tuple[str, ...]
     worker_tools: ToolUseSummary | None = None
     plan: Mapping[str, Any] | None = None  # a dry run's plan; nothing was called
+    thread_id: str | None = None  # the thread's first session (None: this one, which starts it)
+    parent: str | None = None  # the session this call followed up (`follow_up_of`)
 
     @property
     def dry_run(self) -> bool:
@@ -256,6 +258,8 @@ class _Result:
     def _head(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
+            "thread_id": self.thread_id or self.session_id,
+            "parent": self.parent,
             "degraded": self.degraded,
             "degraded_reasons": [reason.to_dict() for reason in self.degraded_reasons],
         }

@@ -36,6 +36,7 @@ from conclave.deliberation.results import (
     CostCapSummary,
     ToolUseSummary,
 )
+from conclave.deliberation.threads import HISTORY_TRUNCATED, Thread, ThreadStore, with_history
 from conclave.deliberation.transcripts import TranscriptWriter
 from conclave.obs.telemetry import Telemetry
 from conclave.obs.telemetry import session as bind_session
@@ -80,6 +81,7 @@ class Runtime:
     state: StateBackend
     transcripts: TranscriptWriter | None = None
     live: LiveDeltas = field(default_factory=LiveDeltas)  # the running sessions' deltas, in-process
+    threads: ThreadStore = field(default_factory=lambda: ThreadStore(None))  # what follow-ups read
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """The Python door to the worker tools: the arguments are checked here, then the tool runs."""
@@ -124,10 +126,11 @@ class Session:
         request: CallRequest,
         progress: ProgressSink | None,
         deltas: DeltaSink | None = None,
+        thread: Thread | None = None,
     ) -> None:
         limits = runtime.config.limits
         self.runtime, self.tool, self.request, self.progress = runtime, tool, request, progress
-        self.deltas = deltas
+        self.deltas, self.thread = deltas, thread  # `thread`: the one a follow-up continues
         self.id: str = request.session_id or f"s-{uuid.uuid4().hex[:20]}"
         self.canary = new_canary()
         self.tools = ToolPlan.of(request, runtime)
@@ -144,6 +147,21 @@ class Session:
     def tools_on(self) -> bool:
         return bool(self.tools.accepted)
 
+    @property
+    def thread_id(self) -> str:
+        return self.id if self.thread is None else self.thread.thread_id
+
+    @property
+    def parent(self) -> str | None:
+        return None if self.thread is None else self.thread.parent
+
+    def history_bytes(self, names: Sequence[str]) -> int:
+        """The largest history any of `names` is sent, for a dry run's bounds."""
+        if self.thread is None:
+            return 0
+        sizes = (sum(len(m.content.encode("utf-8")) for m in self.thread.history_for(n)[0]) for n in names)
+        return max(sizes, default=0)
+
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0
 
@@ -158,14 +176,20 @@ class Session:
         shared: int = 0,
         marked: bool = False,
         answer_schema: Mapping[str, Any] | None = None,
+        history: bool = False,
     ) -> Answer:
         """One worker turn for provider `name`, as an Answer: a failure is a status, never raised.
         `shared`: the characters of `system` this session's calls start with (the question or
         task, and the context), for which the turn names the session as its cache key; `marked`:
         another call of the session sends `name` the same prefix, so a cache breakpoint ends it
-        (the first such call writes the cache, the others read it)."""
+        (the first such call writes the cache, the others read it). `history`: a follow-up's
+        member turn, sent the thread's earlier turns first (docs/tools.md#follow-ups)."""
         if name not in self.runtime.config.providers:
             return unknown_provider(name, self.runtime.config)
+        truncated = False
+        if history and self.thread is not None:
+            earlier, truncated = self.thread.history_for(name)
+            messages = with_history(earlier, messages)
         turn = WorkerTurn(
             provider=self.runtime.providers.get(name),
             messages=messages,
@@ -180,7 +204,8 @@ class Session:
             role=role,
             tool_mode=self._tool_mode(name) if tools else "tags",
             cache_prefix=shared if marked else 0,
-            cache_key=self.id if shared else None,
+            # A thread's calls share one key, so a follow-up is routed to the cache its history is in.
+            cache_key=self.thread_id if shared or self.thread is not None else None,
             answer_schema=answer_schema,
         )
         ticket = next(self._tickets)
@@ -190,7 +215,8 @@ class Session:
             outcome = await self.runtime.worker.run(turn)
         finally:
             del self.awaiting[ticket]
-        return answer_from(outcome, name, self.runtime.config, self.runtime.telemetry.redactor)
+        answer = answer_from(outcome, name, self.runtime.config, self.runtime.telemetry.redactor)
+        return replace(answer, warnings=(*answer.warnings, HISTORY_TRUNCATED)) if truncated else answer
 
     def _listener(self, provider: str, role: str | None) -> DeltaListener:
         """Who hears `provider`'s deltas: the runtime's hub (one dict lookup when nobody listens
@@ -344,15 +370,19 @@ async def _run(session: Session, deliberation: Deliberation[Result]) -> Result:
     result = deliberation.plan() if session.dry_run else await _deliberate(session, deliberation)
     path = None
     transcripts = session.runtime.transcripts
-    if transcripts is not None and not session.dry_run:
+    if not session.dry_run:
         payload = {
             "tool": session.tool,
             "session_id": session.id,
+            "thread_id": session.thread_id,
+            "parent": session.parent,
             "arguments": dict(session.request.arguments),
             "result": result.to_dict(),
             **deliberation.transcript(result),
         }
-        path = transcripts.submit(session.id, session.tool, payload)
+        session.runtime.threads.remember(payload)  # a follow-up may come before the disk has it
+        if transcripts is not None:
+            path = transcripts.submit(session.id, session.tool, payload)
     status = "dry_run" if session.dry_run else ("degraded" if result.degraded else "ok")
     answers, ok = deliberation.tally(result)
     # A dry run writes no transcript: its bound is kept here, for the page and `conclave tail`.
@@ -427,6 +457,15 @@ def merged_warnings(answers: Sequence[Answer], *, price_unknown: bool) -> tuple[
     if price_unknown:
         warnings["price_unknown"] = None
     return tuple(warnings)
+
+
+def thread_of(runtime: Runtime, request: CallRequest, tool: str) -> Thread | None:
+    """The thread a call with `follow_up_of` continues; invalid params naming the id, before any
+    call, when there is no such session."""
+    if request.follow_up_of is None:
+        return None
+    budget = runtime.config.follow_ups.max_history_tokens
+    return runtime.threads.thread(request.follow_up_of, max_history_tokens=budget, tool=tool)
 
 
 def user_messages(question: str, context: str | None, instruction: str | None = None) -> tuple[Message, ...]:

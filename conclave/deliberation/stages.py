@@ -53,9 +53,12 @@ class RoleTurns:
     above the input price, and one nobody reads is only dearer.
     """
 
-    def __init__(self, session: Session, shared: str, planned: PlannedCalls | None = None) -> None:
+    def __init__(
+        self, session: Session, shared: str, planned: PlannedCalls | None = None, *, history: bool = False
+    ) -> None:
         self.session = session
         self.shared = shared  # the start of every role turn's system prompt (`shared_system`)
+        self.history = history  # a follow-up's role turns get the thread's history (coordinate's do)
         self.planned: PlannedCalls = planned if planned is not None else Counter()
         self.answers: list[RoleAnswer] = []
 
@@ -144,6 +147,7 @@ class RoleTurns:
             shared=len(self.shared),
             marked=marked,
             answer_schema=answer_schema,
+            history=True,
         )
 
     def marks(self, name: str, tools: tuple[str, ...]) -> bool:
@@ -228,6 +232,7 @@ class RoleTurns:
             shared=len(self.shared),
             marked=marked,
             answer_schema=schema,
+            history=self.history,
         )
 
     def _invalid(self, answer: RoleAnswer, attempt: int, error: str, final: bool) -> None:

@@ -136,6 +136,12 @@ class TranscriptsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowUpsConfig:
+    # A follow-up's history per member, estimated at 4 characters a token; the oldest turns go first.
+    max_history_tokens: int = 8000
+
+
+@dataclass(frozen=True, slots=True)
 class EvalsConfig:
     # `conclave eval` writes each run under <dir>/<run>/ by default; `conclave ui` lists them there
     dir: str = ".conclave/evals"
@@ -201,6 +207,7 @@ class Config:
     tasks: TasksConfig = field(default_factory=TasksConfig)
     state: StateConfig = field(default_factory=StateConfig)
     evals: EvalsConfig = field(default_factory=EvalsConfig)
+    follow_ups: FollowUpsConfig = field(default_factory=FollowUpsConfig)
 
     def api_key(self, provider: str) -> str | None:
         return self.secrets.get(self.providers[provider].api_key_env)
@@ -557,6 +564,7 @@ def _build(raw: dict[str, Any], source: str, keys: Mapping[str, str]) -> Config:
         tasks=TasksConfig(**raw.get("tasks", {})),
         state=StateConfig(**raw.get("state", {})),
         evals=EvalsConfig(**raw.get("evals", {})),
+        follow_ups=FollowUpsConfig(**raw.get("follow_ups", {})),
     )
 
 
