@@ -1,7 +1,8 @@
 """HTTP transport: MCP Streamable HTTP on `/mcp` (POST; a JSON reply, or an SSE stream when the
 caller asked for progress and accepts it; 202 for notifications) and plain JSON-RPC on
-`POST /rpc`. Browsers' cross-site requests are refused by checking `Origin`. `GET /` says what
-is served where, for whoever opens the address by hand.
+`POST /rpc`, and an OpenAI-compatible chat endpoint under `/v1` (`openai_compat`). Browsers'
+cross-site requests are refused by checking `Origin`. `GET /` says what is served where, for
+whoever opens the address by hand.
 
 A stateless request (revision 2026-07-28, see `eras`) must also mirror its version, method and
 tool name in the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and its errors
@@ -36,6 +37,8 @@ from conclave.app.server.jsonrpc import (
     to_rpc_error,
 )
 from conclave.app.server.lifecycle import serving
+from conclave.app.server.openai_compat import KEY_ENV, is_loopback
+from conclave.app.server.openai_compat import mount as mount_openai
 from conclave.net.webguard import allowed_hosts, host_allowed, origin_allowed
 from conclave.obs.telemetry import traced
 from conclave.schema.config import Config
@@ -68,8 +71,12 @@ async def run_http(config: Config, host: str, port: int, *, worker_of: int | Non
         bound = runner.addresses[0][1] if runner.addresses else port
         page = ", the session page on /ui/" if config.server.ui else ""
         print(
-            f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc{page}", file=sys.stderr
+            f"conclave: serving MCP on http://{host}:{bound}/mcp and JSON-RPC on /rpc{page}, "
+            "OpenAI-compatible chat on /v1",
+            file=sys.stderr,
         )
+        if not is_loopback(host) and not os.environ.get(KEY_ENV):
+            print(f"conclave: {KEY_ENV} is not set: every /v1 request will be refused (401)", file=sys.stderr)
         try:
             if worker_of is not None:
                 await _while_supervised(worker_of)
@@ -90,7 +97,9 @@ async def _while_supervised(supervisor: int) -> None:
 
 
 def build_app(server: Server, *, bound_host: str = "127.0.0.1", ui: bool = False) -> web.Application:
-    """The transport's routes; `ui`: the session page is mounted at `/ui/` too (the index says so)."""
+    """The transport's routes; `ui`: the session page is mounted at `/ui/` too (the index says so).
+    The /v1 routes read their key from CONCLAVE_API_KEY now, once: every worker of `--workers N`
+    builds its own app from the same environment."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     allowed = allowed_hosts(bound_host)
 
@@ -109,6 +118,7 @@ def build_app(server: Server, *, bound_host: str = "127.0.0.1", ui: bool = False
     app.router.add_route("*", "/mcp", not_allowed)
     app.router.add_post("/rpc", rpc)
     app.router.add_get("/", _index_handler(allowed, ui=ui))
+    mount_openai(app, server, allowed=allowed, bound_host=bound_host, key=os.environ.get(KEY_ENV) or None)
     return app
 
 
@@ -137,6 +147,12 @@ def _endpoints(ui: bool) -> dict[str, Any]:
     return {
         "mcp": {"path": "/mcp", "method": "POST", "protocol": "MCP Streamable HTTP"},
         "rpc": {"path": "/rpc", "method": "POST", "protocol": "JSON-RPC 2.0"},
+        "openai_chat": {
+            "path": "/v1/chat/completions",
+            "method": "POST",
+            "protocol": "OpenAI Chat Completions",
+        },
+        "openai_models": {"path": "/v1/models", "method": "GET", "protocol": "OpenAI Models"},
         "ui": {"path": UI_PATH, "method": "GET", "protocol": "HTML"} if ui else None,
     }
 
@@ -148,6 +164,8 @@ def _index_text(endpoints: dict[str, Any]) -> str:
         "POST /mcp  MCP Streamable HTTP: point an MCP client at this URL + /mcp",
         "POST /rpc  plain JSON-RPC 2.0: the tools are methods (confer, coordinate, fetch, verify,",
         "           list_providers), their arguments the params",
+        "POST /v1/chat/completions  OpenAI-compatible chat: models conclave-confer, conclave-council,",
+        "           conclave-coordinate (GET /v1/models); base URL: this address + /v1",
     ]
     if endpoints["ui"] is not None:
         lines.append(f"GET  {UI_PATH}  the read-only page of recent sessions")
