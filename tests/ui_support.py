@@ -14,7 +14,7 @@ from conclave.app.demo import demo_config, page_server
 from conclave.app.runner import run_tool
 from conclave.app.runtime import open_runtime
 from conclave.app.sim import NativeCall, Reply, Rule, Scenario, SimPanel
-from conclave.app.sim.simulated import SIMULATED_MEMBERS
+from conclave.app.sim.simulated import SIMULATED_MEMBERS, simulated_config
 from conclave.schema.config import Config, load_config
 
 # What a hostile page and a model quoting it write: were any of it taken as markup, `__pwned` is set.
@@ -73,3 +73,28 @@ async def slow_session(base: Config, session_id: str, latencies: Mapping[str, fl
         args = {"question": "Which is slowest?", "providers": list(latencies), "session_id": session_id}
         async with open_runtime(config) as runtime:
             return await run_tool(runtime, "confer", args, None)
+
+
+THREAD_QUESTIONS = ("Which queue should the jobs go through?", "Managed or self-hosted?", "Who runs it?")
+
+
+async def thread_sessions(base: Config, ids: tuple[str, str, str]) -> list[dict[str, Any]]:
+    """Three turns of one thread, each following up the one before: the second is synthesized,
+    and in the first sim-openai quotes hostile markup. Returns the three results."""
+    async with SimPanel() as panel:
+        hostile = Scenario(rules=(Rule(THREAD_QUESTIONS[0], Reply(text=HOSTILE_ANSWER)),))
+        panel.set_scenario(model("sim-openai"), hostile)
+        urls = {kind: panel.base_url(kind) for kind in ("openai", "anthropic", "gemini")}
+        results: list[dict[str, Any]] = []
+        async with open_runtime(simulated_config(base, urls)) as runtime:
+            for n, (sid, question) in enumerate(zip(ids, THREAD_QUESTIONS, strict=True)):
+                args: dict[str, Any] = {
+                    "question": question,
+                    "providers": ["sim-openai", "sim-gemini"],
+                    "session_id": sid,
+                    "synthesize": n == 1,
+                }
+                if results:
+                    args["follow_up_of"] = results[-1]["session_id"]
+                results.append(await run_tool(runtime, "confer", args, None))
+        return results

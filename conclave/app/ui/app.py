@@ -7,7 +7,8 @@ rebinding defence `/mcp` shares). Every response, refusals and the event stream 
 a strict Content-Security-Policy (no inline script or style, nothing from another origin) and the
 headers that keep the page out of frames and its address out of referrers.
 
-Routes, under the mount's prefix: `/` the sessions, `/session?id=…` one session, `/events` the
+Routes, under the mount's prefix: `/` the sessions, `/session?id=…` one session (after the turns
+of its thread before it, when it is a follow-up: `threads`), `/events` the
 event log as server-sent events (from `?from=` a byte offset, or `Last-Event-ID` when the browser
 reconnects; `?session=` one session's events, ending after its `session_end`), `/evals` the runs of
 `conclave eval` under `evals.dir`, `/eval?run=…` one run, `/eval/chart.svg?run=…` and
@@ -36,7 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from conclave.app.tail import POLL_SECONDS, Filters, Follower, format_event, matches, parse_line
-from conclave.app.ui import evalpages, model, pages
+from conclave.app.ui import evalpages, model, pages, threads
 from conclave.app.ui.evals import CHART_SVG, RESULTS, EvalRuns, inside
 from conclave.app.ui.markup import Safe
 from conclave.app.ui.sessions import Sessions
@@ -162,15 +163,17 @@ def _session_handler(prefix: str) -> Handler:
                 pages.not_found(prefix, f"No session {sid!r} in the event log or the transcripts."), 404
             )
         transcript = None if summary.running else index.transcript(sid)
+        thread = None
         if transcript is not None:
             view = model.from_transcript(summary, transcript)
+            thread = threads.thread_of(index, transcript)
         else:
             view = model.from_events(summary, index.events(sid))
-        if request.query.get("fragment"):
-            return _html(pages.session_body(view))
+        if request.query.get("fragment"):  # a session that just ended: its thread comes with it
+            return _html(pages.session_body(view, thread, prefix))
         live = request.app.get(LIVE)
         streaming = live is not None and summary.running and live.is_running(sid)
-        return _html(pages.session_page(view, prefix, offset, streaming=streaming))
+        return _html(pages.session_page(view, prefix, offset, streaming=streaming, thread=thread))
 
     return session
 

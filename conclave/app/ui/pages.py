@@ -14,11 +14,20 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from conclave.app.labels import degraded_label, field_label, humanize, plural, status_label, warning_label
+from conclave.app.labels import (
+    THREAD_GAP_LABELS,
+    degraded_label,
+    field_label,
+    humanize,
+    plural,
+    status_label,
+    warning_label,
+)
 from conclave.app.render import fmt_cost, fmt_ms, fmt_tokens
 from conclave.app.ui.markup import Safe, el, join, void
 from conclave.app.ui.model import CostPart, Hop, Reason, Review, Round, SessionView, Turn, Vote, VotedField
 from conclave.app.ui.sessions import SessionSummary
+from conclave.app.ui.threads import Excerpt, Thread, ThreadTurn
 
 TITLE = "Conclave"
 
@@ -84,7 +93,9 @@ def sessions_table(rows: Sequence[SessionSummary], prefix: str) -> Safe:
 def _session_row(row: SessionSummary, prefix: str) -> Safe:
     shown = row.question or el("span", _unrecorded(row), class_="muted")
     link = el("a", shown, href=session_href(prefix, row.session_id))
-    question = el("td", link, el("div", row.session_id, class_="sid"), class_="question")
+    question = el(
+        "td", link, el("div", row.session_id, class_="sid"), _follows(row, prefix), class_="question"
+    )
     return el(
         "tr",
         el("td", _when(row.started), class_="when"),
@@ -96,7 +107,16 @@ def _session_row(row: SessionSummary, prefix: str) -> Safe:
         el("td", _row_answers(row), class_="num"),
         data_session=row.session_id,
         data_status=row.status,
+        data_thread=row.thread_id,
     )
+
+
+def _follows(row: SessionSummary, prefix: str) -> Safe | None:
+    """A follow-up names the session it continued, so a thread's turns read as one in the list."""
+    if row.parent is None:
+        return None
+    link = el("a", row.parent, href=session_href(prefix, row.parent))
+    return el("div", "↳ follow-up of ", link, class_="thread-mark")
 
 
 def _unrecorded(row: SessionSummary) -> str:
@@ -141,9 +161,12 @@ def session_href(prefix: str, session_id: str) -> str:
 # -- one session ------------------------------------------------------------------------------
 
 
-def session_page(view: SessionView, prefix: str, offset: int, *, streaming: bool = False) -> Safe:
+def session_page(
+    view: SessionView, prefix: str, offset: int, *, streaming: bool = False, thread: Thread | None = None
+) -> Safe:
     """`streaming`: the session runs in the process serving this page, whose `/live` streams its
-    answers' text as it comes (`data-live`, which `app.js` follows into `#streaming`)."""
+    answers' text as it comes (`data-live`, which `app.js` follows into `#streaming`); `thread`:
+    the one it belongs to, whose earlier turns come first."""
     sid = view.summary.session_id
     live: dict[str, object] = {}
     if view.summary.running:
@@ -152,11 +175,11 @@ def session_page(view: SessionView, prefix: str, offset: int, *, streaming: bool
             "data_events": f"{prefix}/events?{urlencode({'session': sid, 'from': offset})}",
             "data_live": f"{prefix}/live?{urlencode({'session': sid})}" if streaming else None,
         }
-    main = el("main", session_body(view), id="live", **live)
+    main = el("main", session_body(view, thread, prefix), id="live", **live)
     return document(f"{TITLE} · {view.summary.tool} {sid}", main, prefix)
 
 
-def session_body(view: SessionView) -> Safe:
+def session_body(view: SessionView, thread: Thread | None = None, prefix: str = "") -> Safe:
     summary = view.summary
     title = el(
         "h1",
@@ -166,7 +189,8 @@ def session_body(view: SessionView) -> Safe:
         " ",
         status_badge(summary.status),
     )
-    parts: list[Safe | None] = [title, _dry_run_banner(view), _degraded_banner(view)]
+    parts: list[Safe | None] = [_earlier(thread, prefix), title, _thread_mark(thread, prefix)]
+    parts += [_dry_run_banner(view), _degraded_banner(view)]
     parts += [_warnings(view.warnings), _question(view), _totals(view), _costs(view)]
     if summary.running:
         parts += [_activity(view), _streaming()]
@@ -308,6 +332,61 @@ def _streaming() -> Safe:
         class_="muted",
     )
     return el("section", head, note, el("div", class_="columns"), id="streaming", hidden=True)
+
+
+# -- the thread -------------------------------------------------------------------------------
+
+
+def _earlier(thread: Thread | None, prefix: str) -> Safe | None:
+    """The thread's turns before this one, oldest first, as one conversation: each question, the
+    first lines of each member's answer and the synthesis, each turn linking to its own page."""
+    if thread is None or not (thread.earlier or thread.stopped):
+        return None
+    gap = None
+    if thread.stopped is not None:
+        words = THREAD_GAP_LABELS.get(thread.stopped) or humanize(thread.stopped)
+        gap = el("p", words[:1].upper() + words[1:] + ".", class_="banner info thread-gap")
+    numbered = thread.number is not None  # a turn's number is known only from the thread's start
+    turns = [_thread_turn(t, i + 1 if numbered else None, prefix) for i, t in enumerate(thread.earlier)]
+    head = el("h2", "Thread ", el("span", thread.thread_id, class_="sid"), ": the turns before this one")
+    return el("section", head, gap, turns, class_="thread", data_thread=thread.thread_id)
+
+
+def _thread_turn(turn: ThreadTurn, number: int | None, prefix: str) -> Safe:
+    href = session_href(prefix, turn.session_id)
+    head = el("h3", f"Turn {number} · " if number else None, el("a", turn.session_id, href=href))
+    label = "Task" if turn.tool == "coordinate" else "Question"
+    asked = turn.question if turn.question is not None else el("span", "(not recorded)", class_="muted")
+    question = el("p", el("strong", f"{label}: "), asked, class_="prose")
+    answers = [_excerpt(a, href) for a in turn.answers]
+    said = el("div", answers, class_="columns") if answers else el("p", "No answer.", class_="muted")
+    synthesis = None
+    if turn.synthesis is not None:
+        synthesis = el("div", el("h4", "Synthesis"), _excerpt(turn.synthesis, href), class_="synthesis")
+    return el("article", head, question, said, synthesis, class_="thread-turn", data_session=turn.session_id)
+
+
+def _excerpt(said: Excerpt, href: str) -> Safe:
+    """A member's earlier answer, its first lines; the whole is on its turn's page."""
+    who = f"{said.provider} ({said.role})" if said.role else said.provider
+    head = el("header", el("span", who, class_="provider"), status_badge(said.status))
+    text = el("div", said.text, class_="text") if said.text else el("p", "(no answer)", class_="muted")
+    more = el("a", "the whole answer →" if said.cut else "the whole turn →", href=href, class_="more")
+    return el("article", head, text, more, class_=f"card excerpt {_tone(said.status)}")
+
+
+def _thread_mark(thread: Thread | None, prefix: str) -> Safe | None:
+    """Which turn of its thread this session is, and the sessions that followed it up."""
+    if thread is None:
+        return None
+    where = f"Turn {thread.number}" if thread.number is not None else "A later turn"
+    if not thread.follow_ups:
+        return el("p", f"{where} of thread {thread.thread_id}: the latest turn.", class_="thread-mark")
+    links = [
+        [", " if i else None, el("a", s, href=session_href(prefix, s))]
+        for i, s in enumerate(thread.follow_ups)
+    ]
+    return el("p", f"{where} of thread {thread.thread_id}. Followed up by ", links, ".", class_="thread-mark")
 
 
 # -- answers, rounds, review, synthesis -------------------------------------------------------

@@ -6,6 +6,10 @@ rotated or truncated log), so listing sessions stays cheap however long the log 
 whose events are gone (a rotated log, telemetry off) is still listed from its transcript's name.
 Transcripts are opened only inside `transcripts.dir`: a session id comes from a URL, and the
 `transcript` path an event names is checked the same way before it is read.
+
+A follow-up's transcript names the session it followed up (`parent`) and its thread's first
+session (`thread_id`): a session's page reads its thread back along those links, and finds its
+follow-ups by the links of every transcript, each read once (a transcript is written once).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ RECENT = 100  # sessions the list shows
 PREVIEW_CHARS = 200  # of a question in the list: RECENT rows of it keep the list small
 _SESSION_EVENTS = (b'"session_start"', b'"session_end"')
 _TRANSCRIPT_CACHE = 512
+MAX_THREAD = 100  # turns a page reads back along a thread, at most, as a follow-up does
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,8 @@ class SessionSummary:
     answers: int | None = None
     ok: int | None = None
     transcript: str | None = None
+    thread_id: str | None = None  # known once its transcript is read
+    parent: str | None = None  # the session it followed up (`follow_up_of`)
 
     @property
     def degraded(self) -> bool:
@@ -50,6 +57,25 @@ class SessionSummary:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Where a session sits in its thread: the thread's first session, and the session it
+    followed up (None for a thread's first turn, or a transcript from before threads)."""
+
+    thread_id: str
+    parent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """The turns of a thread before one session, oldest first, each with its transcript, as far
+    back as they can be read. `stopped` says why they stop short of the thread's first turn:
+    `missing` (a transcript is gone), `cycle` (the links loop), `limit` (MAX_THREAD turns)."""
+
+    turns: tuple[tuple[SessionSummary, dict[str, Any]], ...] = ()
+    stopped: str | None = None
 
 
 class Sessions:
@@ -61,6 +87,7 @@ class Sessions:
         self._follower = Follower(log, 0)
         self._known: dict[str, SessionSummary] = {}
         self._texts: dict[Path, dict[str, Any] | None] = {}
+        self._links: dict[Path, Link | None] = {}
 
     def refresh(self) -> int:
         """Read what the log gained since the last call; returns the offset just after its last
@@ -87,25 +114,54 @@ class Sessions:
         """The newest sessions first, each with its question when its transcript has one."""
         self.refresh()
         rows = dict(self._known)
-        for sid, path in self._transcript_files().items():
+        files = self._transcript_files()
+        for sid, path in files.items():
             if sid not in rows:
                 rows[sid] = _from_name(sid, path)
         newest = sorted(rows.values(), key=lambda s: s.started, reverse=True)[:limit]
-        return [self._with_question(row) for row in newest]
+        return [self._with_link(self._with_question(row), files) for row in newest]
 
     def summary(self, session_id: str) -> SessionSummary | None:
         self.refresh()
         found = self._known.get(session_id)
         if found is None and (path := self._transcript_files().get(session_id)) is not None:
             found = _from_name(session_id, path)
-        return None if found is None else self._with_question(found)
+        return None if found is None else self._with_link(self._with_question(found), None)
 
     def transcript(self, session_id: str) -> dict[str, Any] | None:
         """The session's transcript, parsed; None while it runs, or when there is none."""
-        known = self._known.get(session_id)
-        named = self._inside(known.transcript) if known and known.transcript else None
-        path = named or self._transcript_files().get(session_id)
+        path = self._path(session_id, None)
         return None if path is None else self._read(path)
+
+    def earlier(self, transcript: Mapping[str, Any], limit: int = MAX_THREAD) -> Earlier:
+        """The thread's turns before the session of `transcript` (which counts towards `limit`)."""
+        files = self._transcript_files()
+        turns: list[tuple[SessionSummary, dict[str, Any]]] = []
+        seen = {str(transcript.get("session_id"))}
+        parent = link_of(transcript).parent
+        while parent is not None:
+            if parent in seen or len(turns) + 1 >= limit:
+                return Earlier(tuple(reversed(turns)), "cycle" if parent in seen else "limit")
+            seen.add(parent)
+            path = self._path(parent, files)
+            body = None if path is None else self._read(path)
+            if path is None or body is None:
+                return Earlier(tuple(reversed(turns)), "missing")
+            turns.append((self._with_question(self._known.get(parent) or _from_name(parent, path)), body))
+            parent = link_of(body).parent
+        return Earlier(tuple(reversed(turns)))
+
+    def follow_ups(self, session_id: str) -> list[str]:
+        """The sessions that followed `session_id` up, oldest first."""
+        files = self._transcript_files()
+        # Only the files still there: a long-running page does not keep every deleted one's link.
+        self._links = {path: self._links[path] for path in files.values() if path in self._links}
+        found = [
+            _from_name(sid, path)
+            for sid, path in files.items()
+            if (link := self._link(path)) is not None and link.parent == session_id
+        ]
+        return [row.session_id for row in sorted(found, key=lambda row: row.started)]
 
     def events(self, session_id: str) -> list[dict[str, Any]]:
         """Every event of one session, in order (what a running session can show)."""
@@ -130,6 +186,12 @@ class Sessions:
         if self.transcripts.is_dir():
             yield from self.transcripts.glob("*/*.json")
 
+    def _path(self, session_id: str, files: Mapping[str, Path] | None) -> Path | None:
+        """The session's transcript: the one its `session_end` names, else the newest by name."""
+        known = self._known.get(session_id)
+        named = self._inside(known.transcript) if known and known.transcript else None
+        return named or (self._transcript_files() if files is None else files).get(session_id)
+
     def _inside(self, named: str) -> Path | None:
         path = Path(named)
         try:
@@ -146,6 +208,19 @@ class Sessions:
             self._texts[path] = _load(path)
         return self._texts[path]
 
+    def _link(self, path: Path) -> Link | None:
+        """A transcript's place in its thread, read once: kept apart from the bounded `_texts`, so
+        finding follow-ups reads each transcript once however many there are."""
+        if path not in self._links:
+            body = self._texts[path] if path in self._texts else _load(path)
+            self._links[path] = None if body is None else link_of(body)
+        return self._links[path]
+
+    def _with_link(self, row: SessionSummary, files: Mapping[str, Path] | None) -> SessionSummary:
+        path = None if row.running else self._path(row.session_id, files)
+        link = None if path is None else self._link(path)
+        return row if link is None else dataclasses.replace(row, thread_id=link.thread_id, parent=link.parent)
+
     def _with_question(self, row: SessionSummary) -> SessionSummary:
         if row.running or (row.question is not None and row.status != "ended"):
             return row
@@ -154,6 +229,17 @@ class Sessions:
         asked = arguments.get("question") or arguments.get("task")
         row = dataclasses.replace(row, question=preview(asked)) if isinstance(asked, str) else row
         return _from_result(row, body.get("result")) if row.status == "ended" else row
+
+
+def link_of(transcript: Mapping[str, Any]) -> Link:
+    """From the transcript's own `thread_id` and `parent`, else its result's; a transcript from
+    before threads is a thread of its own."""
+    result = transcript.get("result")
+    result = result if isinstance(result, dict) else {}
+    thread = transcript.get("thread_id") or result.get("thread_id")
+    parent = transcript.get("parent") or result.get("parent")
+    sid = str(transcript.get("session_id"))
+    return Link(thread if isinstance(thread, str) else sid, parent if isinstance(parent, str) else None)
 
 
 def _load(path: Path) -> dict[str, Any] | None:
