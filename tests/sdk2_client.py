@@ -5,7 +5,7 @@ SDK 2.x cannot share a virtualenv with the 1.x the other tests use, so this file
 one JSON job on argv and prints one JSON object: what the SDK saw.
 
     {"server": "http://127.0.0.1:PORT/mcp" | ["cmd", "arg", ...], "cwd": "...", "mode": "auto",
-     "job": "probe" | "task" | "task-start" | "task-cancel" | "task-get", ...}
+     "job": "probe" | "resources" | "task" | "task-start" | "task-cancel" | "task-get", ...}
 
 The tasks extension (io.modelcontextprotocol/tasks) is not built into SDK 2.x: `Tasks` below is
 a client extension through its documented hooks, a `ResultClaim` on `tools/call` for
@@ -112,6 +112,16 @@ async def run(job: dict[str, Any]) -> dict[str, Any]:
             checks = {"checks": [{"type": "math", "expression": "6*7", "expected": 42}]}
             result = await client.call_tool("verify", checks)
             out["verify"] = result.structured_content
+        elif kind == "resources":  # a confer, then its session as a resource, listed and read
+            called = await client.call_tool("confer", {"question": job["question"]})
+            session_id = (called.structured_content or {})["session_id"]
+            listed = await client.list_resources()
+            templates = await client.list_resource_templates()
+            read = await client.read_resource(f"conclave://sessions/{session_id}/summary")
+            out["session_id"] = session_id
+            out["resources"] = [r.name for r in listed.resources]
+            out["templates"] = [t.uri_template for t in templates.resource_templates]
+            out["summary"] = [c.model_dump(by_alias=True, exclude_none=True) for c in read.contents]
         elif kind == "task":  # resolved transparently through the extension's claim
             result = await client.call_tool(job["tool"], job["arguments"])
             out["result"] = result.structured_content

@@ -94,6 +94,22 @@ async def test_sdk2_lands_on_the_era_its_mode_asks_for_and_calls_a_tool(
     assert seen["verify"]["passed"] is True
 
 
+@pytest.mark.parametrize(("transport", "mode"), [("stdio", "legacy"), ("http", "auto")])
+async def test_sdk2_lists_and_reads_a_past_session_as_a_resource(
+    transport: str, mode: str, config: Path, tmp_path: Path
+) -> None:
+    job = {"mode": mode, "job": "resources", "question": "Which database for the ledger?"}
+    if transport == "stdio":
+        seen = await sdk2({**job, "server": stdio_command(config)}, tmp_path)
+    else:
+        async with serve("http", config, tmp_path) as server:
+            seen = await sdk2({**job, "server": f"{server.base_url}/mcp"}, tmp_path)
+    assert seen["resources"] == [seen["session_id"]]
+    assert seen["templates"] == ["conclave://sessions/{id}", "conclave://sessions/{id}/summary"]
+    (summary,) = seen["summary"]
+    assert summary["mimeType"] == "text/markdown" and "Which database for the ledger?" in summary["text"]
+
+
 async def test_a_coordinate_runs_as_a_task_and_the_extension_resolves_it(
     http_url: str, panel: SimPanel, tmp_path: Path
 ) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
 
 from conclave.app.catalog import TOOL_NAMES, TOOLS, Invocation, ToolSpec, tool_spec
-from conclave.app.server import eras
+from conclave.app.server import eras, resources
 from conclave.app.server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -72,6 +73,7 @@ class Server:
         self._runtime: Runtime | None = None
         self._attached: anyio.Event | None = None
         self.tasks: TaskStore | None = None  # set by a serving process (see `lifecycle`)
+        self._library: resources.Library | None = None
         if runtime is not None:
             self.attach(runtime)
 
@@ -180,6 +182,13 @@ class Server:
             return eras.complete(await self._call_reporting(params, send))
         if method in eras.TASK_METHODS:
             return eras.complete(await self._task_method(method, params, context))
+        if method == "resources/list":
+            return eras.sessions_result(await self._list_resources(params))
+        if method == "resources/templates/list":
+            return eras.complete(_templates(params), cacheable=True)
+        if method == "resources/read":
+            # Revision 2026-07-28 says an unknown resource is invalid params.
+            return eras.sessions_result(await (await self.library()).read(params, not_found=INVALID_PARAMS))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method} (revision {context.version})")
 
     @staticmethod
@@ -229,6 +238,13 @@ class Server:
         if method == "tools/call":
             params = _object_params(request)
             return await self._call_reporting(params, send)
+        if method == "resources/list":
+            return await self._list_resources(_object_params(request))
+        if method == "resources/templates/list":
+            return _templates(_object_params(request))
+        if method == "resources/read":
+            library = await self.library()
+            return await library.read(_object_params(request), not_found=resources.RESOURCE_NOT_FOUND)
         if method in PLAIN_METHODS:
             return await self.run_tool(tool_spec(method), _object_params(request))
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -238,7 +254,7 @@ class Server:
         self.protocol_version = asked if asked in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[0]
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": {name: dict(offer) for name, offer in eras.CAPABILITIES.items()},
             "serverInfo": {"name": "conclave", "title": "Conclave", "version": __version__},
             "instructions": INSTRUCTIONS,
         }
@@ -248,6 +264,23 @@ class Server:
         page = TOOLS[start : start + self.page_size]
         result: dict[str, Any] = {"tools": [describe(tool) for tool in page]}
         if start + self.page_size < len(TOOLS):
+            result["nextCursor"] = _encode_cursor(start + self.page_size)
+        return result
+
+    async def library(self) -> resources.Library:
+        """The past sessions, where the runtime's config keeps them (it is waited for, as a tool
+        call waits: a starting server does not know its config's folders before)."""
+        if self._library is None:
+            config = (await self.runtime()).config
+            if self._library is None:  # another request may have made it while this one waited
+                self._library = resources.Library(Path(config.telemetry.path), Path(config.transcripts.dir))
+        return self._library
+
+    async def _list_resources(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        start = _decode_cursor(params.get("cursor"))
+        listed, more = await (await self.library()).page(start, self.page_size)
+        result: dict[str, Any] = {"resources": listed}
+        if more:
             result["nextCursor"] = _encode_cursor(start + self.page_size)
         return result
 
@@ -300,6 +333,11 @@ def _task_progress(task: TaskRecord) -> ProgressSink:
         task.update(message=f"{len(answered)}{total} answered: {', '.join(answered)}")
 
     return progress
+
+
+def _templates(params: Mapping[str, Any]) -> dict[str, Any]:
+    _decode_cursor(params.get("cursor"))  # one page holds both, but a bad cursor is still refused
+    return {"resourceTemplates": [dict(template) for template in resources.TEMPLATES]}
 
 
 def _tool_error(text: str, structured: dict[str, Any] | None = None) -> dict[str, Any]:

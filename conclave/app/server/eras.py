@@ -42,9 +42,18 @@ HTTP_STATUS = {
 }
 
 TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
-STATELESS_METHODS = frozenset({"server/discover", "tools/list", "tools/call", *TASK_METHODS})
+RESOURCE_METHODS = frozenset({"resources/list", "resources/templates/list", "resources/read"})
+STATELESS_METHODS = frozenset(
+    {"server/discover", "tools/list", "tools/call", *TASK_METHODS, *RESOURCE_METHODS}
+)
 # Conclave's tools and their descriptions never change while it runs: lists stay fresh an hour.
 LIST_TTL_MS = 3_600_000
+# The sessions are people's questions and answers, and a new one can come with any call: stale at
+# once, and never for a cache shared between callers.
+SESSIONS_TTL_MS = 0
+SESSIONS_SCOPE = "private"
+# What the server offers in both eras (`initialize`, `server/discover`); subscriptions are not served.
+CAPABILITIES: Mapping[str, Any] = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
 SERVER_IDENTITY = {"name": "conclave", "title": "Conclave", "version": __version__}
 
 
@@ -105,18 +114,26 @@ def missing_extension(extension: str, method: str) -> RpcError:
     )
 
 
-def complete(result: Mapping[str, Any], *, cacheable: bool = False) -> dict[str, Any]:
-    """A stateless result: its `resultType`, the server's identity, and caching hints on lists."""
+def complete(
+    result: Mapping[str, Any], *, cacheable: bool = False, ttl_ms: int = LIST_TTL_MS, scope: str = "public"
+) -> dict[str, Any]:
+    """A stateless result: its `resultType`, the server's identity, and caching hints on what can
+    be cached (lists and reads)."""
     out = {**result, "resultType": result.get("resultType", "complete")}
     out["_meta"] = {**(result.get("_meta") or {}), SERVER_INFO: SERVER_IDENTITY}
     if cacheable:
-        out.update(ttlMs=LIST_TTL_MS, cacheScope="public")
+        out.update(ttlMs=ttl_ms, cacheScope=scope)
     return out
+
+
+def sessions_result(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A stateless result that shows sessions (`resources/list`, `resources/read`)."""
+    return complete(result, cacheable=True, ttl_ms=SESSIONS_TTL_MS, scope=SESSIONS_SCOPE)
 
 
 def discover(instructions: str, *, tasks: bool) -> dict[str, Any]:
     """`server/discover`: the versions, capabilities and identity, before anything else."""
-    capabilities: dict[str, Any] = {"tools": {"listChanged": False}}
+    capabilities: dict[str, Any] = {name: dict(offer) for name, offer in CAPABILITIES.items()}
     if tasks:
         capabilities["extensions"] = {TASKS_EXTENSION: {}}
     result = {

@@ -5,8 +5,9 @@ cross-site requests are refused by checking `Origin`. `GET /` says what is serve
 whoever opens the address by hand.
 
 A stateless request (revision 2026-07-28, see `eras`) must also mirror its version, method and
-tool name in the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and its errors
-about the protocol itself come with their own status: 400, or 404 for a method not served."""
+tool name (a resource read: its URI) in the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name`
+headers, and its errors about the protocol itself come with their own status: 400, or 404 for a
+method not served."""
 
 from __future__ import annotations
 
@@ -232,6 +233,8 @@ def _mirrored(method: Any, params: Any, version: str) -> list[tuple[str, Any, bo
     pairs = [("MCP-Protocol-Version", version, True), ("Mcp-Method", method, True)]
     if isinstance(params, dict) and method == "tools/call":
         pairs.append(("Mcp-Name", params.get("name"), True))
+    if isinstance(params, dict) and method == "resources/read":
+        pairs.append(("Mcp-Name", params.get("uri"), True))
     if isinstance(params, dict) and method in eras.TASK_METHODS:
         # The tasks extension routes a task's requests by its id; checked when sent.
         pairs.append(("Mcp-Name", params.get("taskId"), False))

@@ -110,15 +110,19 @@ class Sessions:
         elif name == "session_end":
             self._known[sid] = _ended(self._known.get(sid), event)
 
-    def recent(self, limit: int = RECENT) -> list[SessionSummary]:
-        """The newest sessions first, each with its question when its transcript has one."""
+    def recent(
+        self, limit: int = RECENT, *, start: int = 0, transcribed: bool = False
+    ) -> list[SessionSummary]:
+        """The newest sessions first, from the `start`-th, each with its question when its
+        transcript has one. `transcribed`: only sessions with a transcript, the ones that can be
+        read whole (not one still running, nor a dry run)."""
         self.refresh()
-        rows = dict(self._known)
         files = self._transcript_files()
+        rows = {sid: row for sid, row in self._known.items() if not transcribed or sid in files}
         for sid, path in files.items():
             if sid not in rows:
                 rows[sid] = _from_name(sid, path)
-        newest = sorted(rows.values(), key=lambda s: s.started, reverse=True)[:limit]
+        newest = sorted(rows.values(), key=lambda s: s.started, reverse=True)[start : start + limit]
         return [self._with_link(self._with_question(row), files) for row in newest]
 
     def summary(self, session_id: str) -> SessionSummary | None:
