@@ -106,13 +106,14 @@ async def test_a_three_turn_thread_carries_the_synthesis_and_keeps_its_first_ses
     second = await asked(config, question="Managed or not?", follow_up_of=first["session_id"])
     third = await asked(config, question="Who runs it?", follow_up_of=second["session_id"])
     assert third["thread_id"] == first["session_id"] and third["parent"] == second["session_id"]
-    sent = conversation("anthropic", last_request(panel, "m-beta"))
-    assert [speaker for speaker, _ in sent] == ["user", "assistant", "user", "assistant", "user"]
-    assert sent[0][1] == "Which queue?"
-    assert synthesis in sent[2][1] and sent[2][1].endswith("Managed or not?"), (
-        "the synthesis, then the next question, as one user message"
-    )
-    assert sent[4] == ("user", "Who runs it?")
+    for name, kind in KINDS.items():
+        sent = conversation(kind, last_request(panel, f"m-{name}"))
+        assert [speaker for speaker, _ in sent] == ["user", "assistant", "user", "assistant", "user"], name
+        assert sent[0][1] == "Which queue?"
+        assert synthesis in sent[2][1] and sent[2][1].endswith("Managed or not?"), (
+            "the synthesis, then the next question, as one user message"
+        )
+        assert sent[4] == ("user", "Who runs it?")
     written = [json.loads(p.read_text()) for p in (tmp_path / "transcripts").glob("*/*.json")]
     third_file = next(t for t in written if t["session_id"] == third["session_id"])
     assert (third_file["thread_id"], third_file["parent"]) == (first["session_id"], second["session_id"])
