@@ -73,6 +73,11 @@ class StdioServer:
         await self.send(message)
         return await self.recv()
 
+    async def initialize(self, version: str = "2025-11-25") -> Any:
+        """The handshake era's `initialize`, as a client opens a session (id 0)."""
+        params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        return await self.request("initialize", params, id=0)
+
     async def close(self) -> int:
         assert self.process.stdin is not None
         await self.process.stdin.aclose()

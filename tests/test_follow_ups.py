@@ -188,15 +188,7 @@ async def test_a_debates_follow_up_reminds_each_role_of_what_it_wrote_and_of_the
 async def test_over_mcp_in_both_eras_and_as_a_plain_method(panel: SimPanel, tmp_path: Path) -> None:
     server = await start_server(panel_config(panel, tmp_path), tmp_path)
     try:
-        await server.request(
-            "initialize",
-            {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            },
-            id=0,
-        )
+        await server.initialize()
         first = await server.request("tools/call", {"name": "confer", "arguments": {"question": "Q1?"}}, id=1)
         sid = first["result"]["structuredContent"]["session_id"]
         follow = {"question": "Q2?", "follow_up_of": sid}

@@ -17,11 +17,9 @@ import httpx
 import openai
 import orjson
 import pytest
-from aiohttp import web
 
 from conclave.app.runtime import open_runtime
 from conclave.app.server.core import Server
-from conclave.app.server.http import build_app
 from conclave.app.server.openai_compat import MAX_BODY_BYTES
 from conclave.app.server.openai_stream import REPLACED, Prose
 from conclave.app.sim import Reply, Rule, Scenario, SimPanel
@@ -29,6 +27,7 @@ from conclave.core.messages import Delta
 from conclave.schema.config import load_config
 from tests.server_support import panel_config
 from tests.support import read_events
+from tests.test_server_http import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -56,23 +55,6 @@ class Stack:
 
     def session_ends(self) -> list[dict[str, Any]]:
         return [e for e in read_events(self.events) if e["event"] == "session_end"]
-
-
-@contextlib.asynccontextmanager
-async def serving(server: Server, *, bound_host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """`server` on a free loopback port, as `serve --http` runs it (handler_cancellation: a client
-    that hangs up cancels its call); `bound_host` is the address the app believes it is bound to."""
-    runner = web.AppRunner(
-        build_app(server, bound_host=bound_host), access_log=None, handler_cancellation=True
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

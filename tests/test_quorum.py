@@ -156,15 +156,7 @@ async def test_on_partial_error_over_stdio_is_an_mcp_error_and_a_plain_method_er
     panel.set_scenario("m-gamma", Scenario(replies=[Reply(status=500)]))
     server: StdioServer = await start_server(panel_config(panel, tmp_path), tmp_path)
     try:
-        await server.request(
-            "initialize",
-            {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            },
-            id=0,
-        )
+        await server.initialize()
         arguments = {"question": "Which?", "on_partial": "error"}
         called = await server.request("tools/call", {"name": "confer", "arguments": arguments}, id=1)
         result = called["result"]

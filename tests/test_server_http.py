@@ -28,9 +28,13 @@ ACCEPT = {"accept": "application/json, text/event-stream"}
 
 
 @contextlib.asynccontextmanager
-async def serving(server: Server) -> AsyncIterator[str]:
-    """`server` behind the HTTP transport on a free loopback port; yields its base URL."""
-    runner = web.AppRunner(build_app(server), access_log=None)
+async def serving(server: Server, *, bound_host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """`server` behind the HTTP transport on a free loopback port, as `serve --http` runs it
+    (handler_cancellation: a client that hangs up cancels its call); yields its base URL.
+    `bound_host`: the address the app believes it is bound to."""
+    runner = web.AppRunner(
+        build_app(server, bound_host=bound_host), access_log=None, handler_cancellation=True
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
