@@ -33,7 +33,7 @@ import anyio
 
 from conclave.app.runtime import open_runtime
 from conclave.app.sim import Reply, Rule, Scenario, SimPanel
-from conclave.app.sim.caching import common_prefix, prompt_of
+from conclave.app.sim.caching import MIN_CACHED_TOKENS, common_prefix, comparable_prompt, marked_chars
 from conclave.app.sim.simulated import SIMULATED_MEMBERS
 from conclave.core.messages import Usage
 from conclave.deliberation import review
@@ -56,14 +56,14 @@ def measure(requests: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, fl
     later = repeated = 0
     with_cache = without_cache = 0.0
     for provider, kind, body in requests:
-        prompt = prompt_of(kind, body)
+        prompt = comparable_prompt(kind, body)
         earlier = seen.setdefault(provider, [])
         hit = max((common_prefix(prompt, old) for old in earlier), default=0)
         if earlier:
             later, repeated = later + len(prompt), repeated + hit
         price: PriceConfig = PRICES[kind]
         tokens, cached = len(prompt) / 4, hit / 4
-        written = _written(kind, body) / 4 if not hit else 0.0  # Anthropic bills a cache write
+        written = _written(kind, body, hit) / 4  # Anthropic bills a cache write
         with_cache += (
             (tokens - cached - written) * price.input_per_mtok
             + cached * _rate(price.cached_input_per_mtok, price)
@@ -83,13 +83,11 @@ def _rate(rate: float | None, price: PriceConfig) -> float:
     return price.input_per_mtok if rate is None else rate
 
 
-def _written(kind: str, body: dict[str, Any]) -> int:
-    """Characters an Anthropic request writes to the cache: its prompt up to the breakpoint."""
-    system = body.get("system")
-    if kind != "anthropic" or not isinstance(system, list):
-        return 0
-    marked = [b for b in system if "cache_control" in b]
-    return len(json.dumps(body.get("tools"))) + sum(len(b["text"]) for b in marked) if marked else 0
+def _written(kind: str, body: dict[str, Any], hit: int) -> int:
+    """Characters an Anthropic request writes to the cache: its prompt from what it read up to
+    its last breakpoint (nothing under the 1,024-token minimum)."""
+    marked = marked_chars(body) if kind == "anthropic" else 0
+    return max(0, marked - hit) if marked >= MIN_CACHED_TOKENS * 4 else 0
 
 
 def _config(panel: SimPanel, members: dict[str, str], workdir: Path, roles: dict[str, Any]) -> Any:
@@ -165,12 +163,14 @@ async def _confer(workdir: Path) -> list[tuple[str, str, dict[str, Any]]]:
         return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received]
 
 
-async def _thread(workdir: Path, turns: int = 3) -> Requests:
-    """A confer and its follow-ups (`follow_up_of`): each turn's prompt starts with the turns
-    before it, which the same provider was sent (or wrote) the turn before."""
-    async with SimPanel() as panel:
+async def _thread(workdir: Path, *, caching: bool = False, turns: int = 3) -> tuple[Requests, Usage]:
+    """A confer and its follow-ups (`follow_up_of`), each answer about 1,500 tokens: each turn's
+    prompt starts with the turns before it, which the same provider was sent (or wrote) the turn
+    before. Its requests, and its usage and cost as the panel reports them."""
+    usage = Usage(cost_usd=0.0)
+    async with SimPanel(caching=caching) as panel:
         for name in CONFER:
-            answer = Reply(text=f"{name}: option 2, because it is cheaper to run. " * 20)
+            answer = Reply(text=f"{name}: option 2, because it is cheaper to run. " * 130)
             panel.set_scenario(f"m-{name}", Scenario(replies=(answer,)))
         roles = {"proposer": "m1", "critics": ["m2"], "synthesizer": "m2"}
         async with open_runtime(_config(panel, CONFER, workdir, roles)) as runtime:
@@ -182,8 +182,8 @@ async def _thread(workdir: Path, turns: int = 3) -> Requests:
                 result = await confer(runtime, args)
                 if result.degraded:
                     raise RuntimeError(f"a degraded run is no measurement: {result.degraded_reasons}")
-                parent = result.session_id
-        return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received]
+                parent, usage = result.session_id, usage + result.usage
+        return [(r.model[2:], CONFER[r.model[2:]], r.body) for r in panel.received], usage
 
 
 async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
@@ -202,7 +202,14 @@ async def _run(context_tokens: int) -> dict[str, dict[str, float]]:
                 "panel_cached_tokens": float(cached.cached_input_tokens or 0),
             }
         figures["confer with review"] = measure(await _confer(Path(workdir)))
-        figures["confer, then 2 follow-ups"] = measure(await _thread(Path(workdir)))
+        requests, uncached = await _thread(Path(workdir))
+        _, cached = await _thread(Path(workdir), caching=True)
+        figures["confer, then 2 follow-ups"] = {
+            **measure(requests),
+            "panel_cost_cached": cached.cost_usd or 0.0,
+            "panel_cost_uncached": uncached.cost_usd or 0.0,
+            "panel_cached_tokens": float(cached.cached_input_tokens or 0),
+        }
     return figures
 
 

@@ -230,3 +230,28 @@ async def test_the_command_line_follows_up_a_session(panel: SimPanel, tmp_path: 
     assert (json.loads(second.stdout)["thread_id"], json.loads(second.stdout)["parent"]) == (sid, sid)
     gone = await conclave("confer", "Q", "--follow-up", "nope")
     assert gone.returncode == 2 and b"follow_up_of" in gone.stderr and b"'nope'" in gone.stderr
+
+
+async def test_an_anthropic_follow_up_marks_its_history_so_the_next_one_reads_it_from_the_cache(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    """Anthropic caches only what is marked: a follow-up ends a breakpoint after its history,
+    writing it; the thread's next call finds that prefix, looking back from its own breakpoint,
+    and reads it (the simulated panel plays the rule)."""
+    async with SimPanel(caching=True) as panel:
+        panel.set_scenario("m-beta", Scenario(replies=(Reply(text="A long considered answer. " * 250),)))
+        made = make_config(
+            panel_providers(panel), retry={"max_attempts": 1}, transcripts={"dir": str(tmp_path / "t")}
+        )
+        config = replace(made, panel=("beta",))
+        first = await asked(config, question="Which queue?")
+        second = await asked(config, question="Why?", follow_up_of=first["session_id"])
+        third = await asked(config, question="And then?", follow_up_of=second["session_id"])
+        bodies = [r.body for r in panel.received if r.model == "m-beta"]
+    marks = [[i for i, m in enumerate(body["messages"]) if isinstance(m["content"], list)] for body in bodies]
+    assert marks == [[], [1], [3]], "a breakpoint after each follow-up's history, none before"
+    assert bodies[1]["messages"][1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    usage = [turn["answers"][0]["usage"] for turn in (first, second, third)]
+    assert not usage[1].get("cached_input_tokens"), "the first follow-up writes its history"
+    assert usage[1]["cache_write_tokens"] > 1024
+    assert usage[2]["cached_input_tokens"] > 1024, "the next one reads it"

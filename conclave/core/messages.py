@@ -74,6 +74,10 @@ class CompletionRequest:
     # whose API routes on a cache key.
     cache_prefix: int = 0
     cache_key: str | None = None
+    # `cache_messages`: the first messages repeat what the same provider was sent, or wrote, in
+    # an earlier call (a follow-up's history: docs/tools.md#follow-ups); adapters that mark cache
+    # breakpoints end one after them, so the thread's next call reads them from the cache.
+    cache_messages: int = 0
     # The reply must be one JSON object valid against `answer_schema`: a kind with native
     # structured output sends it on the wire (docs/providers.md#structured-output); the caller has
     # said so in the prompt either way. `answer_schema_name` names it where a wire wants a name

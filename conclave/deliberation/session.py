@@ -186,10 +186,10 @@ class Session:
         member turn, sent the thread's earlier turns first (docs/tools.md#follow-ups)."""
         if name not in self.runtime.config.providers:
             return unknown_provider(name, self.runtime.config)
-        truncated = False
+        truncated, repeated = False, 0
         if history and self.thread is not None:
             earlier, truncated = self.thread.history_for(name)
-            messages = with_history(earlier, messages)
+            messages, repeated = with_history(earlier, messages)
         turn = WorkerTurn(
             provider=self.runtime.providers.get(name),
             messages=messages,
@@ -206,6 +206,7 @@ class Session:
             cache_prefix=shared if marked else 0,
             # A thread's calls share one key, so a follow-up is routed to the cache its history is in.
             cache_key=self.thread_id if shared or self.thread is not None else None,
+            cache_messages=repeated,
             answer_schema=answer_schema,
         )
         ticket = next(self._tickets)

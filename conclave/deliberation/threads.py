@@ -97,11 +97,20 @@ class Thread:
         return tuple(history), len(kept) < len(self.turns)
 
 
-def with_history(history: Sequence[Message], messages: Sequence[Message]) -> tuple[Message, ...]:
+def with_history(history: Sequence[Message], messages: Sequence[Message]) -> tuple[tuple[Message, ...], int]:
     """The history, then the call's own messages, with two text messages of one speaker in a row
-    made one (a synthesis note, then the next question): some wires refuse them apart."""
+    made one (a synthesis note, then the next question): some wires refuse them apart. And how
+    many of the messages are history alone: the prefix the thread's next call repeats."""
+    joined = _joined((*history, *messages))
+    repeated = len(_joined(history))
+    if messages and len(joined) < repeated + len(messages):  # the last of the history took the question in
+        repeated -= 1
+    return joined, repeated
+
+
+def _joined(messages: Iterable[Message]) -> tuple[Message, ...]:
     joined: list[Message] = []
-    for message in (*history, *messages):
+    for message in messages:
         last = joined[-1] if joined else None
         if last is not None and last.role == message.role and _plain(last) and _plain(message):
             joined[-1] = Message(last.role, f"{last.content}\n\n{message.content}")

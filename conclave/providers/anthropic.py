@@ -79,7 +79,7 @@ class AnthropicAdapter:
         body: dict[str, Any] = {
             "model": entry.model,
             "max_tokens": request.max_tokens,
-            "messages": [_message(m) for m in request.messages],
+            "messages": _marked([_message(m) for m in request.messages], request.cache_messages),
         }
         if request.system:
             body["system"] = _system(request.system, request.cache_prefix)
@@ -318,6 +318,23 @@ def _message(m: Message) -> dict[str, Any]:
     if m.tool_uses:
         return {"role": m.role, "content": _calls(m)}
     return {"role": m.role, "content": m.content}
+
+
+def _marked(messages: list[dict[str, Any]], repeated: int) -> list[dict[str, Any]]:
+    """A cache breakpoint after the first `repeated` messages (a follow-up's history): this call
+    writes them to the cache, and the thread's next call, whose history starts with them, reads
+    them, as Anthropic looks back from a breakpoint for the longest prefix it has cached."""
+    if not 0 < repeated <= len(messages):
+        return messages
+    last = messages[repeated - 1]
+    content = last["content"]
+    blocks: list[dict[str, Any]] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content]
+    )
+    if not blocks:
+        return messages
+    blocks[-1]["cache_control"] = {"type": "ephemeral"}
+    return [*messages[: repeated - 1], {**last, "content": blocks}, *messages[repeated:]]
 
 
 def _calls(m: Message) -> list[dict[str, Any]]:

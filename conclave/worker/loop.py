@@ -75,6 +75,7 @@ class WorkerTurn:
     # characters of `system` every call of the session shares (docs/providers.md#prompt-caching)
     cache_prefix: int = 0
     cache_key: str | None = None
+    cache_messages: int = 0  # leading messages a follow-up repeats from its thread's earlier calls
     # the final reply must be a JSON object valid against it: held to it natively where the
     # provider can (never on a tags-mode hop, whose reply may be a tool call)
     answer_schema: Mapping[str, Any] | None = None
@@ -473,6 +474,7 @@ class WorkerLoop:
             temperature=turn.temperature,
             cache_prefix=turn.cache_prefix,
             cache_key=turn.cache_key,
+            cache_messages=turn.cache_messages,
             answer_schema=turn.answer_schema,
         )
         if not turn.tools:
