@@ -509,6 +509,18 @@ def test_a_streaming_answer_grows_in_its_row_and_a_chair_gets_a_row_as_it_starts
     assert chair.endswith("…Managed, because ops équipe is small"), chair
 
 
+def test_a_new_model_call_starts_a_rows_text_again() -> None:
+    """A member's tool hop or re-prompt is a new model call: its text replaces what the row showed."""
+    progress = LiveProgress.for_confer(["alpha"], FakeTerminal())
+    progress.start()
+    progress.heard("alpha", None, Delta("start", ""))
+    progress.heard("alpha", None, Delta("text", '<tool_call>{"name": "verify"}</tool_call>'))
+    progress.heard("alpha", None, Delta("start", ""))
+    progress.heard("alpha", None, Delta("text", "Checked: 391."))
+    row = progress.lines()[0]
+    assert row.endswith("Checked: 391.") and "tool_call" not in row
+
+
 def test_coordinate_progress_moves_through_the_roles_in_order() -> None:
     progress = LiveProgress.for_coordinate("alpha", ["beta", "gamma"], "beta", 1, FakeTerminal())
     progress.start()

@@ -344,6 +344,20 @@ def test_prose_never_sends_a_replaced_draft_twice() -> None:
     assert other.close("Final answer.") == (REPLACED + "Final answer.", True)
 
 
+def test_a_re_prompted_synthesizer_starts_its_prose_again() -> None:
+    """The same synthesizer asked again (its envelope was invalid) opens a new model call: what it
+    writes then is read on its own, not appended to the first reply."""
+    prose = Prose()
+    prose.hear("beta", "synthesizer", Delta("start", ""))
+    prose.hear("beta", "synthesizer", Delta("text", '{"answer": "Option 2 is'))
+    assert prose.take() == "Option 2 is"
+    prose.hear("beta", "synthesizer", Delta("text", ' best", "confidence": "high"}'))  # invalid
+    prose.hear("beta", "synthesizer", Delta("start", ""))
+    prose.hear("beta", "synthesizer", Delta("text", '{"answer": "Option 2 is best, because'))
+    assert prose.take() == " best, because", "the new reply, read from its own start"
+    assert not prose.diverged
+
+
 # -- errors ---------------------------------------------------------------------------------------------
 
 

@@ -147,8 +147,13 @@ async def test_a_stream_cut_midway_is_retried_never_a_half_answer(
 ) -> None:
     whole = "A complete answer, which must never arrive in halves."
     panel.set_scenario("m1", Scenario(replies=(Reply(text=whole, fault="drop"), Reply(text=whole))))
-    completion = await ask(panel, make_config, kind, CompletionRequest.ask("Go"))
+    heard: list[Delta] = []
+    completion = await ask(panel, make_config, kind, CompletionRequest.ask("Go"), heard=heard)
     assert completion.text == whole and completion.attempts == 2
+    # A listener hears both attempts, each opened by a start: the text after the last is the answer.
+    assert [d.kind for d in heard].count("start") == 2 and heard[0].kind == "start"
+    last = max(i for i, d in enumerate(heard) if d.kind == "start")
+    assert "".join(d.text for d in heard[last:] if d.kind == "text") == whole
     panel.reset()
     panel.set_scenario("m1", Scenario(replies=(Reply(text=whole, fault="drop"),)))
     with pytest.raises(ProviderError) as caught:

@@ -87,7 +87,9 @@ async def test_a_running_session_s_answers_stream_to_its_page_live_and_never_to_
     assert heard[-1] == ("end", {}), "the stream ends with the session"
     assert [name for name, _ in heard if name != "delta"] == ["end"], "nothing dropped, nothing else"
     deltas = [data for name, data in heard if name == "delta"]
-    assert {d["kind"] for d in deltas} == {"text"} and {d["role"] for d in deltas} == {None}
+    assert {d["kind"] for d in deltas} == {"start", "text"} and {d["role"] for d in deltas} == {None}
+    starts = [d["provider"] for d in deltas if d["kind"] == "start"]
+    assert sorted(starts) == sorted(MEMBERS), "each member's one model call opens with a start"
     assert all(set(d) == {"provider", "role", "kind", "text", "index"} for d in deltas)
     said = {name: "".join(d["text"] for d in deltas if d["provider"] == name) for name in MEMBERS}
     assert said == answers, "every piece, in order: the page's text is each final answer"

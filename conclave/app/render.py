@@ -483,7 +483,9 @@ class _Row:
 
     def hear(self, delta: Delta) -> None:
         self.chars += len(delta.text)
-        if delta.kind == "text":
+        if delta.kind == "start":  # a new model call (a tool hop, a re-prompt): its text replaces
+            self.heard = ""
+        elif delta.kind == "text":
             heard = self.heard + delta.text
             # A synthesis is an envelope whose `answer` is shown as it is written: keep it whole.
             self.heard = heard if self.role == "synthesizer" else heard[-_HEARD_CHARS:]

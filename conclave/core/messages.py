@@ -157,13 +157,17 @@ def _plus(a: int | None, b: int | None) -> int | None:
     return None if a is None and b is None else (a or 0) + (b or 0)
 
 
-DeltaKind = Literal["text", "thinking", "tool_call"]
+DeltaKind = Literal["start", "text", "thinking", "tool_call"]
 
 
 @record
 class Delta:
     """A piece of an answer as it streams in: new text, new thinking, or a fragment of a tool
-    call's arguments (JSON text) for the call at `index`, whose `name` comes with its first."""
+    call's arguments (JSON text) for the call at `index`, whose `name` comes with its first.
+
+    `start` (no text) opens each streamed model call: a turn may make several (a tool hop, a
+    re-prompt, a retry of a cut stream), and only the last one's text is the answer, so whoever
+    joins the pieces begins again there."""
 
     kind: DeltaKind
     text: str

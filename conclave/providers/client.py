@@ -25,7 +25,7 @@ from conclave.core.errors import (
     ProviderUnreachable,
     TransientProviderError,
 )
-from conclave.core.messages import Completion, CompletionRequest, DeltaListener
+from conclave.core.messages import Completion, CompletionRequest, Delta, DeltaListener
 from conclave.core.records import record
 from conclave.net.http import Streamed, Transport, TransportError
 from conclave.obs.telemetry import Telemetry
@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # tenacity is imported by the first call that has to retry (_
     from conclave.providers.retry import StopAtAttemptsOrDeadline
 
 Sleep = Callable[[float], Awaitable[None]]
+
+STARTED = Delta("start", "")  # opens each streamed model call (a listener begins its text again)
 
 
 class CompletionClient(Protocol):
@@ -227,6 +229,8 @@ class ProviderClient:
                     call.ttft_ms = (self._clock() - sent) * 1000.0
                     return self._read(status, headers, raw)
                 assembler = self.adapter.assembler(self.entry)
+                if call.listener is not None:
+                    call.listener(STARTED)
                 await self._assemble(call, assembler, streamed, sent)
                 if call.ttft_ms is None:  # nothing was said: the first token is the end
                     call.ttft_ms = (self._clock() - sent) * 1000.0

@@ -38,8 +38,12 @@ class Prose:
         self.diverged = False
 
     def hear(self, provider: str, role: str | None, delta: Delta) -> bool:
-        """Keep a synthesizer's text delta; whether it was one (thinking and others' are not)."""
-        if role != "synthesizer" or delta.kind != "text":
+        """Keep a synthesizer's text delta; whether it was one (thinking and others' are not). A
+        new model call of the synthesizer (a re-prompt) starts its text again."""
+        if role != "synthesizer" or delta.kind not in ("start", "text"):
+            return False
+        if delta.kind == "start":
+            self._texts[provider] = []
             return False
         self._texts.setdefault(provider, []).append(delta.text)
         self._current = provider

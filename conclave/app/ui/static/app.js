@@ -98,7 +98,10 @@
     heard = new EventSource(live.dataset.live);
     heard.addEventListener("delta", (message) => {
       const delta = JSON.parse(message.data);
-      if (streaming && delta.kind === "text" && typeof delta.text === "string") {
+      if (streaming && delta.kind === "start") {
+        // A new model call of this member (a tool hop, a re-prompt): its text replaces the last.
+        cardFor(String(delta.provider), delta.role ? String(delta.role) : "").data = "";
+      } else if (streaming && delta.kind === "text" && typeof delta.text === "string") {
         cardFor(String(delta.provider), delta.role ? String(delta.role) : "").appendData(delta.text);
         streaming.hidden = false;
       }
