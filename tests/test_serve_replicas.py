@@ -137,6 +137,36 @@ async def test_a_task_started_on_one_replica_is_followed_on_the_other(
     assert [a["status"] for a in answers] == ["ok", "ok", "ok"]
 
 
+async def test_a_thread_begun_on_one_replica_goes_on_on_the_other_and_both_speak_openai(
+    replicas: tuple[Served, Served],
+) -> None:
+    """The replicas share the transcripts folder (docs/deploying.md), so a follow-up reaching the
+    other one finds its thread, and the other lists the session as a resource; each serves /v1."""
+    one, two = replicas
+
+    async def rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            reply = await client.post(
+                f"{url}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+            )
+        body: dict[str, Any] = reply.json()
+        assert "result" in body, body
+        return dict(body["result"])
+
+    first = await rpc(one.url, "confer", {"question": "Which queue?"})
+    second = await rpc(two.url, "confer", {"question": "And then?", "follow_up_of": first["session_id"]})
+    assert (second["thread_id"], second["parent"]) == (first["session_id"], first["session_id"])
+    listed = await post(two.url, "resources/list", {}, "")
+    uris = [r["uri"] for r in listed["result"]["resources"]]
+    assert f"conclave://sessions/{first['session_id']}" in uris, "written by the other replica"
+    async with httpx.AsyncClient(timeout=30) as client:
+        for served in (one, two):
+            chat = {"model": "conclave-confer", "messages": [{"role": "user", "content": "Which queue?"}]}
+            reply = await client.post(f"{served.url}/v1/chat/completions", json=chat)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"]
+
+
 async def test_a_task_started_on_one_replica_is_cancelled_through_the_other(
     replicas: tuple[Served, Served], tmp_path: Path
 ) -> None:
