@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from conclave.app.labels import degraded_label
 from conclave.app.server.openai_request import ChatCall, OpenAIError
 
 NO_SYNTHESIS = "*No synthesis was written ({why}); the panel's answers follow.*\n\n"
@@ -118,9 +119,26 @@ def _section(answer: Mapping[str, Any]) -> str:
 
 
 def _reasons(result: Mapping[str, Any]) -> str:
-    reasons = result.get("degraded_reasons") or []
-    named = [f"{r.get('role') + ' ' if r.get('role') else ''}{r['provider']} {r['status']}" for r in reasons]
-    return ", ".join(named) or "no answers"
+    """Who is missing and why, in words: a member's own error message where there is one (a
+    missing key's names the variable to set), else the reason's code as the page words it."""
+    said = {
+        (turn.get("provider"), turn.get("role")): (turn.get("error") or {}).get("message")
+        for turn in _turns(result)
+    }
+    named = []
+    for reason in result.get("degraded_reasons") or []:
+        who = f"{reason['role']} {reason['provider']}" if reason.get("role") else str(reason["provider"])
+        why = said.get((reason["provider"], reason.get("role"))) or degraded_label(
+            str(reason.get("code") or reason["status"])
+        )
+        named.append(f"{who}: {why}")
+    return "; ".join(named) or "no answers"
+
+
+def _turns(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every answer of a confer or a debate that may carry an error."""
+    turns = [*(result.get("answers") or []), *(result.get("critiques") or [])]
+    return turns + [t for t in (result.get("proposal"), result.get("synthesis")) if isinstance(t, Mapping)]
 
 
 def usage_of(result: Mapping[str, Any]) -> dict[str, Any]:
