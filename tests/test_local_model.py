@@ -242,6 +242,7 @@ async def test_a_one_round_coordinate_returns_valid_envelopes_or_names_the_inval
                 "Choose an eviction policy for an in-process cache of 10,000 API responses.",
                 rounds=1,
                 max_tokens=200,
+                temperature=0,  # one path, the same in every run: a sampled one once failed CI by chance
                 timeout_seconds=CALL_SECONDS,
             )
 
@@ -278,6 +279,7 @@ async def test_the_tag_protocol_survives_a_real_models_text(
                 worker_tools=["verify"],
                 worker_tool_mode="tags",
                 max_tokens=64,
+                temperature=0,  # one path, the same in every run: a sampled one once failed CI by chance
                 timeout_seconds=CALL_SECONDS,
             )
 
@@ -285,16 +287,18 @@ async def test_the_tag_protocol_survives_a_real_models_text(
     budget = out["worker_tools"]["hop_budget"]
     (answer,) = out["answers"]
     if answer["status"] != "ok":  # no answer is named, not shown: nothing but imitated tool output,
-        # or nothing at all (SmolLM2 samples, and sometimes ends its final round at once)
+        # or nothing at all (SmolLM2 has ended its final round at once)
         assert answer["error"]["code"] in ("forged_tool_output", "empty_completion"), answer
         assert out["degraded_reasons"][0]["code"] == answer["error"]["code"]
     assert answer["tool_mode"] == "tags"
     # Model calls: one per tool call the budget allows, the final round, and at most one more
-    # when an answer imitated tool output and was asked again (docs/worker-loop.md).
-    # A call past the budget is recorded too, refused (the model wrote two tags in two hops).
+    # when an answer imitated tool output and was asked again (docs/worker-loop.md). A hop holds
+    # at most one call in tags (its first tag); one past the budget is recorded too, refused:
+    # SmolLM2 has written a tag in every hop, the final round and the re-ask included.
     calls = answer["inner_tool_calls"]
-    assert len(calls) <= budget + 1 and answer["hops"] <= budget + 2
+    assert len(calls) <= answer["hops"] <= budget + 2
     assert all(call["reason"] == "hop_budget_exhausted" for call in calls[budget:]), calls
+    assert sum(call["status"] != "refused" for call in calls) <= budget, "never run past the budget"
     assert {call["status"] for call in calls} <= {"ok", "refused", "error"}
     assert "<tool_result" not in (answer["text"] or ""), (
         "a result block the model wrote is never shown as real"
@@ -347,7 +351,7 @@ async def test_cancelling_a_call_stops_the_servers_generation(
     before = await counters(server)
     async with Conclave(config_for(server, ["local-essayist"])) as conclave:
         essay = functools.partial(
-            conclave.confer, ESSAY, max_tokens=ESSAY_TOKENS, timeout_seconds=CALL_SECONDS
+            conclave.confer, ESSAY, max_tokens=ESSAY_TOKENS, temperature=0, timeout_seconds=CALL_SECONDS
         )
         with anyio.fail_after(30):
             async with anyio.create_task_group() as group:
