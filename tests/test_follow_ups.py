@@ -255,3 +255,21 @@ async def test_an_anthropic_follow_up_marks_its_history_so_the_next_one_reads_it
     assert not usage[1].get("cached_input_tokens"), "the first follow-up writes its history"
     assert usage[1]["cache_write_tokens"] > 1024
     assert usage[2]["cached_input_tokens"] > 1024, "the next one reads it"
+
+
+async def test_a_thread_whose_first_transcript_is_gone_keeps_the_turns_still_known(
+    config: Config, panel: SimPanel, tmp_path: Path
+) -> None:
+    answers_of(panel)
+    first = await asked(config, question="Which queue?")
+    second = await asked(config, question="Managed or not?", follow_up_of=first["session_id"])
+    for path in (tmp_path / "transcripts").glob(f"*/{first['session_id']}-*.json"):
+        path.unlink()
+    third = await asked(config, question="Who runs it?", follow_up_of=second["session_id"])
+    assert third["thread_id"] == first["session_id"], "the thread keeps its name"
+    sent = conversation("openai", last_request(panel, "m-alpha"))
+    assert sent == [
+        ("user", "Managed or not?"),
+        ("assistant", "ALPHA SAYS ONE"),
+        ("user", "Who runs it?"),
+    ], "the history starts where the transcripts do"

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conclave.app.ui import build_app
 from conclave.app.ui.markup import escape
-from conclave.app.ui.sessions import MAX_THREAD
+from conclave.deliberation.threads import MAX_DEPTH
 from tests.ui_support import IMG, SCRIPT, THREAD_QUESTIONS, thread_sessions, workdir_config
 
 pytestmark = pytest.mark.anyio
@@ -181,10 +181,10 @@ async def handmade(tmp_path: Path) -> AsyncIterator[Client]:
 
 
 async def test_a_long_thread_is_read_back_a_hundred_turns_at_most(handmade: Client, tmp_path: Path) -> None:
-    for n in range(MAX_THREAD + 20):
+    for n in range(MAX_DEPTH + 20):
         transcript(tmp_path, f"h-{n}", f"h-{n - 1}" if n else None, n)
-    html = await page(handmade, f"/session?id=h-{MAX_THREAD + 19}")
-    assert html.count('class="thread-turn"') == MAX_THREAD - 1
+    html = await page(handmade, f"/session?id=h-{MAX_DEPTH + 19}")
+    assert html.count('class="thread-turn"') == MAX_DEPTH - 1
     text = shown(html)
     in_order(
         text, "Earlier turns are not shown", "Question h-20?", "Question h-118?", "A later turn of thread"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import glob
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,56 @@ from conclave.core.records import record
 CHARS_PER_TOKEN = 4
 HISTORY_TRUNCATED = "history_truncated"  # the warning of an answer whose history lost its oldest turns
 MAX_DEPTH = 100  # turns read back along a thread's parents, at most (a cycle cannot loop forever)
+Find = Callable[[str], Mapping[str, Any] | None]  # a session's transcript by its id, if there is one
 _SYNTHESIS_NOTE = "The panel's synthesis of the answers to that question:\n\n{}"
+
+
+@record
+class Link:
+    """Where a session sits in its thread: the thread's first session, and the session it followed
+    up (None for a thread's first turn, or a transcript from before threads)."""
+
+    thread_id: str
+    parent: str | None
+
+
+def link_of(transcript: Mapping[str, Any]) -> Link:
+    """From the transcript's own `thread_id` and `parent`, else its result's; a transcript from
+    before threads is a thread of its own."""
+    result = transcript.get("result")
+    result = result if isinstance(result, dict) else {}
+    thread = transcript.get("thread_id") or result.get("thread_id")
+    parent = transcript.get("parent") or result.get("parent")
+    sid = str(transcript.get("session_id"))
+    return Link(thread if isinstance(thread, str) else sid, parent if isinstance(parent, str) else None)
+
+
+@record
+class Ancestry:
+    """The transcripts a session follows up, oldest first, as far back as they can be read; and
+    why they stop short of the thread's first turn: `missing` (a transcript is gone), `cycle` (the
+    links loop), `limit` (MAX_DEPTH turns, the session's own included), or None."""
+
+    transcripts: tuple[Mapping[str, Any], ...] = ()
+    stopped: str | None = None
+
+
+def ancestors(transcript: Mapping[str, Any], find: Find, limit: int = MAX_DEPTH) -> Ancestry:
+    """Walk `transcript`'s `parent` links back, reading each with `find` (the one walk that both a
+    follow-up and the page take)."""
+    found: list[Mapping[str, Any]] = []
+    seen = {str(transcript.get("session_id"))}
+    parent = link_of(transcript).parent
+    while parent is not None:
+        if parent in seen or len(found) + 1 >= limit:
+            return Ancestry(tuple(reversed(found)), "cycle" if parent in seen else "limit")
+        seen.add(parent)
+        earlier = find(parent)
+        if earlier is None:
+            return Ancestry(tuple(reversed(found)), "missing")
+        found.append(earlier)
+        parent = link_of(earlier).parent
+    return Ancestry(tuple(reversed(found)))
 
 
 @record
@@ -47,12 +96,12 @@ class EarlierTurn:
     def of(cls, transcript: Mapping[str, Any]) -> EarlierTurn:
         result = transcript.get("result") or {}
         arguments = transcript.get("arguments") or {}
-        session_id = str(transcript.get("session_id"))
         coordinate = transcript.get("tool") == "coordinate"
+        link = link_of(transcript)
         return cls(
-            session_id=session_id,
-            thread_id=str(result.get("thread_id") or session_id),
-            parent=result.get("parent"),
+            session_id=str(transcript.get("session_id")),
+            thread_id=link.thread_id,
+            parent=link.parent,
             question=str(arguments.get("task" if coordinate else "question") or ""),
             answers=_role_answers(result) if coordinate else _member_answers(result),
             synthesis=_synthesis(result.get("synthesis")),
@@ -101,18 +150,17 @@ def with_history(history: Sequence[Message], messages: Sequence[Message]) -> tup
     """The history, then the call's own messages, with two text messages of one speaker in a row
     made one (a synthesis note, then the next question): some wires refuse them apart. And how
     many of the messages are history alone: the prefix the thread's next call repeats."""
-    joined = _joined((*history, *messages))
-    repeated = len(_joined(history))
-    if messages and len(joined) < repeated + len(messages):  # the last of the history took the question in
-        repeated -= 1
-    return joined, repeated
+    earlier = _joined(history)
+    # When the history's last message takes the call's first in, it is no longer history alone.
+    taken_in = bool(earlier and messages) and _joinable(earlier[-1], messages[0])
+    return _joined((*earlier, *messages)), len(earlier) - taken_in
 
 
 def _joined(messages: Iterable[Message]) -> tuple[Message, ...]:
     joined: list[Message] = []
     for message in messages:
         last = joined[-1] if joined else None
-        if last is not None and last.role == message.role and _plain(last) and _plain(message):
+        if last is not None and _joinable(last, message):
             joined[-1] = Message(last.role, f"{last.content}\n\n{message.content}")
         else:
             joined.append(message)
@@ -156,15 +204,10 @@ class ThreadStore:
                 path="$.follow_up_of",
                 tool=tool,
             )
-        turns = [EarlierTurn.of(first)]
-        seen = {session_id}
-        while (parent := turns[-1].parent) and parent not in seen and len(turns) < MAX_DEPTH:
-            seen.add(parent)
-            earlier = self.find(parent)
-            if earlier is None:  # an expired start of the thread: the turns still known remain
-                break
-            turns.append(EarlierTurn.of(earlier))
-        return Thread(tuple(reversed(turns)), max_history_tokens * CHARS_PER_TOKEN)
+        # An expired start of the thread (or a loop) ends the history there: what is known remains.
+        earlier = ancestors(first, self.find).transcripts
+        turns = tuple(EarlierTurn.of(transcript) for transcript in (*earlier, first))
+        return Thread(turns, max_history_tokens * CHARS_PER_TOKEN)
 
     def _newest_file(self, session_id: str) -> Path | None:
         """`<dir>/<day>/<session>-<tool>-<time>-<n>.json`: the newest whose session part is the id."""
@@ -200,6 +243,10 @@ def _synthesis(synthesis: Any) -> str | None:
     envelope = synthesis.get("envelope") if isinstance(synthesis, Mapping) else None
     answer = envelope.get("answer") if isinstance(envelope, Mapping) else None
     return answer if isinstance(answer, str) and answer else None
+
+
+def _joinable(first: Message, second: Message) -> bool:
+    return first.role == second.role and _plain(first) and _plain(second)
 
 
 def _plain(message: Message) -> bool:

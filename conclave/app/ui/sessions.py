@@ -23,12 +23,12 @@ from typing import Any
 import orjson
 
 from conclave.app.tail import Follower, parse_line
+from conclave.deliberation.threads import MAX_DEPTH, Link, ancestors, link_of
 
 RECENT = 100  # sessions the list shows
 PREVIEW_CHARS = 200  # of a question in the list: RECENT rows of it keep the list small
 _SESSION_EVENTS = (b'"session_start"', b'"session_end"')
 _TRANSCRIPT_CACHE = 512
-MAX_THREAD = 100  # turns a page reads back along a thread, at most, as a follow-up does
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +60,10 @@ class SessionSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class Link:
-    """Where a session sits in its thread: the thread's first session, and the session it
-    followed up (None for a thread's first turn, or a transcript from before threads)."""
-
-    thread_id: str
-    parent: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Earlier:
     """The turns of a thread before one session, oldest first, each with its transcript, as far
     back as they can be read. `stopped` says why they stop short of the thread's first turn:
-    `missing` (a transcript is gone), `cycle` (the links loop), `limit` (MAX_THREAD turns)."""
+    `missing` (a transcript is gone), `cycle` (the links loop), `limit` (MAX_DEPTH turns)."""
 
     turns: tuple[tuple[SessionSummary, dict[str, Any]], ...] = ()
     stopped: str | None = None
@@ -137,23 +128,22 @@ class Sessions:
         path = self._path(session_id, None)
         return None if path is None else self._read(path)
 
-    def earlier(self, transcript: Mapping[str, Any], limit: int = MAX_THREAD) -> Earlier:
+    def earlier(self, transcript: Mapping[str, Any], limit: int = MAX_DEPTH) -> Earlier:
         """The thread's turns before the session of `transcript` (which counts towards `limit`)."""
         files = self._transcript_files()
-        turns: list[tuple[SessionSummary, dict[str, Any]]] = []
-        seen = {str(transcript.get("session_id"))}
-        parent = link_of(transcript).parent
-        while parent is not None:
-            if parent in seen or len(turns) + 1 >= limit:
-                return Earlier(tuple(reversed(turns)), "cycle" if parent in seen else "limit")
-            seen.add(parent)
-            path = self._path(parent, files)
-            body = None if path is None else self._read(path)
-            if path is None or body is None:
-                return Earlier(tuple(reversed(turns)), "missing")
-            turns.append((self._with_question(self._known.get(parent) or _from_name(parent, path)), body))
-            parent = link_of(body).parent
-        return Earlier(tuple(reversed(turns)))
+
+        def find(session_id: str) -> dict[str, Any] | None:
+            path = self._path(session_id, files)
+            return None if path is None else self._read(path)
+
+        ancestry = ancestors(transcript, find, limit)
+        turns = []
+        for body in ancestry.transcripts:
+            sid = str(body.get("session_id"))
+            path = self._path(sid, files)
+            assert path is not None  # `find` just read it there
+            turns.append((self._with_question(self._known.get(sid) or _from_name(sid, path)), dict(body)))
+        return Earlier(tuple(turns), ancestry.stopped)
 
     def follow_ups(self, session_id: str) -> list[str]:
         """The sessions that followed `session_id` up, oldest first."""
@@ -233,17 +223,6 @@ class Sessions:
         asked = arguments.get("question") or arguments.get("task")
         row = dataclasses.replace(row, question=preview(asked)) if isinstance(asked, str) else row
         return _from_result(row, body.get("result")) if row.status == "ended" else row
-
-
-def link_of(transcript: Mapping[str, Any]) -> Link:
-    """From the transcript's own `thread_id` and `parent`, else its result's; a transcript from
-    before threads is a thread of its own."""
-    result = transcript.get("result")
-    result = result if isinstance(result, dict) else {}
-    thread = transcript.get("thread_id") or result.get("thread_id")
-    parent = transcript.get("parent") or result.get("parent")
-    sid = str(transcript.get("session_id"))
-    return Link(thread if isinstance(thread, str) else sid, parent if isinstance(parent, str) else None)
 
 
 def _load(path: Path) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@ conversation (each turn's question, the first lines of each member's answer, the
 and the sessions that followed it up (docs/tools.md#follow-ups).
 
 The turns are read back along the transcripts' `parent` links (`Sessions.earlier`, at most
-MAX_THREAD turns); each earlier turn is only a summary here, its whole deliberation is on its
+MAX_DEPTH turns); each earlier turn is only a summary here, its whole deliberation is on its
 own page. Like `model`, this reads defensively and renders nothing: `pages` does.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from conclave.app.ui.model import SessionView, Turn, from_transcript
-from conclave.app.ui.sessions import Earlier, Sessions, SessionSummary, link_of
+from conclave.app.ui.sessions import Earlier, Sessions, SessionSummary
+from conclave.deliberation.threads import link_of
 
 EXCERPT_LINES = 4  # of an earlier answer: enough to recall it, the whole is a link away
 EXCERPT_CHARS = 400
