@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from bench.common import percentile
 from conclave.app.runtime import Runtime, open_runtime
 from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.deliberation.confer import confer
@@ -94,14 +95,9 @@ async def _run(runtime: Runtime, confers: int, concurrency: int, extra: dict[str
     return seconds
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 async def measure(confers: int, concurrency: int, seed: int) -> dict[str, list[float]]:
     latencies = tail_latencies(confers, seed)
-    shown = ", ".join(f"p{int(q * 100)} {quantile(latencies, q):.0f} ms" for q in (0.5, 0.95, 0.99))
+    shown = ", ".join(f"p{int(q * 100)} {percentile(latencies, q * 100):.0f} ms" for q in (0.5, 0.95, 0.99))
     print(f"the slow member's scripted latencies: {shown}, max {max(latencies):.0f} ms")
     out: dict[str, list[float]] = {}
     modes: dict[str, dict[str, Any]] = {
@@ -131,11 +127,11 @@ def main() -> None:
     )
     for mode, seconds in results.items():
         figures = " ".join(
-            f"p{int(q * 100)} {quantile(seconds, q) * 1000:7.1f} ms" for q in (0.5, 0.95, 0.99)
+            f"p{int(q * 100)} {percentile(seconds, q * 100) * 1000:7.1f} ms" for q in (0.5, 0.95, 0.99)
         )
         print(f"  {mode:<22} {figures}   mean {statistics.fmean(seconds) * 1000:7.1f} ms")
     every, quorum = results.values()
-    print(f"p95 without / with the quorum: {quantile(every, 0.95) / quantile(quorum, 0.95):.1f}x")
+    print(f"p95 without / with the quorum: {percentile(every, 95) / percentile(quorum, 95):.1f}x")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from bench.common import percentile
 from bench.panel import panel_process, put_scenarios
 
 KINDS = ("openai", "anthropic", "gemini")
@@ -139,10 +139,6 @@ class _Urls:
         return self.urls[kind]
 
 
-def _pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.streaming", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="streamed calls per wire for the TTFT figure")
@@ -155,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         gaps = anyio.run(_ttft, args.calls, args.tokens)
         print(f"first bytes -> first delta heard by the caller ({args.calls} calls per wire, ms)")
         for kind, values in gaps.items():
-            print(
-                f"  {kind:10} p50 {_pct(values, 50):.3f}  p95 {_pct(values, 95):.3f}  max {max(values):.3f}"
-            )
+            p50, p95 = percentile(values, 50), percentile(values, 95)
+            print(f"  {kind:10} p50 {p50:.3f}  p95 {p95:.3f}  max {max(values):.3f}")
         with panel_process(0.0) as urls:  # in its own process: its cost is not Conclave's
             text = "word " * (args.tokens * 4 // 5)
             put_scenarios(

@@ -169,6 +169,9 @@ class AnthropicStream:
         self._usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
+        # A text or thinking block's pieces, joined once in body(): added to as they came, a long
+        # answer would be copied whole at every delta.
+        self._pieces: dict[tuple[int, str], list[str]] = {}
         self._calls: dict[int, int] = {}  # a tool_use block's index -> its place among the calls
         self._done = False
 
@@ -218,10 +221,10 @@ class AnthropicStream:
         block = self._blocks[index]
         kind = delta.get("type")
         if kind == "text_delta" and isinstance(delta.get("text"), str):
-            block["text"] = str(block.get("text") or "") + delta["text"]
+            self._pieces.setdefault((index, "text"), []).append(delta["text"])
             return [Delta("text", delta["text"])] if delta["text"] else []
         if kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
-            block["thinking"] = str(block.get("thinking") or "") + delta["thinking"]
+            self._pieces.setdefault((index, "thinking"), []).append(delta["thinking"])
             return [Delta("thinking", delta["thinking"])] if delta["thinking"] else []
         if kind == "signature_delta":
             block["signature"] = delta.get("signature")  # whole, as the SDK takes it
@@ -245,6 +248,9 @@ class AnthropicStream:
 
     def _block(self, index: int) -> dict[str, Any]:
         block = dict(self._blocks[index])
+        for field in ("text", "thinking"):
+            if (pieces := self._pieces.get((index, field))) is not None:
+                block[field] = str(block.get(field) or "") + "".join(pieces)
         if index in self._json:
             block["input"] = _streamed_input("".join(self._json[index]))
         return block

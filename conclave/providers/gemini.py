@@ -155,6 +155,9 @@ class GeminiStream:
         self._candidate: dict[str, Any] | None = None
         self._content: dict[str, Any] | None = None
         self._parts: list[dict[str, Any]] | None = None
+        # A text part's pieces by its place in `_parts`, joined once in body(): added to as they
+        # came, a long answer would be copied whole at every chunk.
+        self._texts: dict[int, list[str]] = {}
         self._calls = 0
         self._done = False
 
@@ -217,7 +220,7 @@ class GeminiStream:
             and bool(last.get("thought")) == thought
             and not (signed and "thoughtSignature" in last)
         ):
-            last["text"] += text
+            self._texts.setdefault(len(parts) - 1, [last["text"]]).append(text)
             last.update((key, value) for key, value in part.items() if key not in last)
         elif text or signed:  # an empty, unsigned part adds nothing a plain answer would hold
             parts.append(dict(part))
@@ -230,10 +233,15 @@ class GeminiStream:
             if self._content is not None:
                 content = dict(self._content)
                 if self._parts is not None:
-                    content["parts"] = [dict(part) for part in self._parts]
+                    content["parts"] = [self._joined(i, part) for i, part in enumerate(self._parts)]
                 candidate["content"] = content
             body["candidates"] = [candidate]
         return body
+
+
+    def _joined(self, index: int, part: dict[str, Any]) -> dict[str, Any]:
+        pieces = self._texts.get(index)
+        return dict(part) if pieces is None else {**part, "text": "".join(pieces)}
 
 
 def _is_text(part: dict[str, Any]) -> bool:

@@ -56,6 +56,8 @@ class CallProgress:
         await self._send_note(note)
 
     def heard(self, provider: str, role: str | None, delta: Delta) -> None:
+        if not delta.text:  # a stream's start (or an empty piece) changes no count
+            return
         label = f"{role} {provider}" if role else provider
         self._chars[label] = self._chars.get(label, 0) + len(delta.text)
         self._changed = True

@@ -131,23 +131,38 @@ class _End:
 
 
 def _block_ends(body: dict[str, Any]) -> list[_End]:
+    """Each block's end, its length counted as the JSON of the prefix through it (`_array` sums
+    the lengths as they come: serializing each prefix again would cost the square of the prompt)."""
     tools = json.dumps(body.get("tools"), ensure_ascii=False)
     system = body.get("system")
     digest = hashlib.sha256(tools.encode())
     ends: list[_End] = []
+    items = 0
     for i, block in enumerate(_as_blocks(system)):
         digest.update(_comparable(block))
-        chars = len(tools) + len(json.dumps(system[: i + 1] if isinstance(system, list) else system))
+        if isinstance(system, list):
+            items += len(json.dumps(system[i]))
+            chars = len(tools) + _array(items, i + 1)
+        else:
+            chars = len(tools) + len(json.dumps(system))
         ends.append(_End(digest.copy().hexdigest(), chars, "cache_control" in block))
     before = len(tools) + (len(json.dumps(system)) if system is not None else 0)
-    messages = body.get("messages") or []
-    for j, message in enumerate(messages):
-        blocks = _as_blocks(message.get("content"))
+    earlier = 0  # the JSON lengths of the messages before this one
+    for j, message in enumerate(body.get("messages") or []):
+        blocks, written = _as_blocks(message.get("content")), 0
         for k, block in enumerate(blocks):
             digest.update(str(message.get("role")).encode() + _comparable(block))
-            chars = before + len(json.dumps(messages[:j])) + len(json.dumps(blocks[: k + 1]))
+            written += len(json.dumps(block))
+            chars = before + _array(earlier, j) + _array(written, k + 1)
             ends.append(_End(digest.copy().hexdigest(), chars, "cache_control" in block))
+        earlier += len(json.dumps(message))
     return ends
+
+
+def _array(items: int, count: int) -> int:
+    """The length of `json.dumps` of a list of `count` items whose own JSON lengths sum to `items`:
+    the brackets, and `, ` between each two."""
+    return 2 + items + 2 * max(count - 1, 0)
 
 
 def _as_blocks(content: Any) -> list[dict[str, Any]]:
