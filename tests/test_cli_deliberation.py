@@ -17,10 +17,11 @@ import httpx
 import pytest
 import yaml
 
-from conclave.app.cli import is_loopback, parse_bind
+from conclave.app.cli import parse_bind
 from conclave.app.render import LiveProgress, render_confer
 from conclave.core.messages import Delta
 from conclave.deliberation import review
+from conclave.net.webguard import is_loopback
 from conclave.schema.schemas import first_error
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
@@ -578,6 +579,7 @@ def test_bind_addresses_parse_like_a_user_writes_them(value: str, bind: tuple[st
 
 def test_only_loopback_hosts_count_as_local() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert is_loopback("[::1]") and is_loopback("localhost.localdomain") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
 
 

@@ -21,8 +21,9 @@ from conclave.app.sim import Reply, Scenario, SimPanel
 from conclave.core.errors import InvalidArguments
 from conclave.deliberation.confer import confer
 from conclave.deliberation.coordinate import coordinate
+from conclave.deliberation.threads import SESSION_ID
 from conclave.schema.config import Config
-from conclave.schema.schemas import first_error
+from conclave.schema.schemas import first_error, load_schema
 from tests.server_support import panel_config, panel_providers, start_server
 
 pytestmark = pytest.mark.anyio
@@ -273,3 +274,12 @@ async def test_a_thread_whose_first_transcript_is_gone_keeps_the_turns_still_kno
         ("assistant", "ALPHA SAYS ONE"),
         ("user", "Who runs it?"),
     ], "the history starts where the transcripts do"
+
+
+def test_the_session_id_pattern_is_the_schemas() -> None:
+    """Where a session id is read outside a tool call (a resource's URI, the page's query), it is
+    held to the pattern the tools' arguments are."""
+    for tool in ("confer", "coordinate"):
+        properties = load_schema(f"{tool}.input.json")["properties"]
+        for name in ("session_id", "follow_up_of"):
+            assert properties[name]["pattern"] == f"^{SESSION_ID.pattern}$"

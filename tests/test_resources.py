@@ -183,6 +183,9 @@ async def test_the_list_pages_newest_first_with_an_opaque_cursor(panel: SimPanel
                 request("tools/call", confer(f"Question number {n}?")), nowhere
             )
             asked.append(reply["result"]["structuredContent"]["session_id"])
+            if n == 2:  # a dry run between them: it has no transcript to read, so it is not listed
+                planned = {"name": "confer", "arguments": {"question": "Plan?", "dry_run": True}}
+                await server.handle_message(request("tools/call", planned), nowhere)
         pages, cursor = [], None
         for _ in range(5):
             reply = await server.handle_message(

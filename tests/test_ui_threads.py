@@ -134,7 +134,7 @@ async def test_a_thread_whose_first_transcript_is_gone_shows_the_rest_and_says_s
     text = shown(await page(client, "/session?id=b-3"))
     in_order(
         text,
-        "Earlier turns are no longer available",
+        "Earlier turns are no longer available: a transcript of the thread is gone",
         "b-2",
         THREAD_QUESTIONS[1],
         "Synthesis",
@@ -196,7 +196,8 @@ async def test_a_thread_that_loops_stops_where_it_comes_back(handmade: Client, t
     transcript(tmp_path, "h-1", "h-2", 1)
     transcript(tmp_path, "h-2", "h-1", 2)
     text = shown(await page(handmade, "/session?id=h-2"))
-    in_order(text, "Earlier turns are no longer available", "Question h-1?", "A later turn", "Question h-2?")
+    looped = "Earlier turns are no longer available: the thread's links loop back on themselves"
+    in_order(text, looped, "Question h-1?", "A later turn", "Question h-2?")
     assert text.count("Question h-1?") == 1
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import math
 import os
 import shlex
@@ -19,6 +18,7 @@ import orjson
 from conclave.app.catalog import tool_spec
 from conclave.core.errors import ConfigError, InvalidArguments, PartialResult, ToolError
 from conclave.core.version import __version__
+from conclave.net.webguard import is_loopback
 from conclave.schema.config import Config, load_config
 
 # Each command imports what it runs on: `conclave serve` must answer its first request before the
@@ -947,15 +947,6 @@ def parse_bind(value: str, *, default_port: int = DEFAULT_HTTP_PORT) -> tuple[st
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
     return host or "127.0.0.1", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve anywhere
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

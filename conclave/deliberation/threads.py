@@ -15,6 +15,7 @@ keeps the newest turns that fit `follow_ups.max_history_tokens` (4 characters a 
 from __future__ import annotations
 
 import glob
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,9 @@ from conclave.core.errors import InvalidArguments
 from conclave.core.messages import Message
 from conclave.core.records import record
 
+# A session id, as every tool's `session_id` and `follow_up_of` take one (schemas/confer.input.json):
+# what may name a session in a URL or a resource.
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 CHARS_PER_TOKEN = 4
 HISTORY_TRUNCATED = "history_truncated"  # the warning of an answer whose history lost its oldest turns
 MAX_DEPTH = 100  # turns read back along a thread's parents, at most (a cycle cannot loop forever)
@@ -184,7 +188,7 @@ class ThreadStore:
     def find(self, session_id: str) -> Mapping[str, Any] | None:
         if (found := self._recent.get(session_id)) is not None:
             return found
-        path = self._newest_file(session_id)
+        path = None if self.directory is None else newest_transcript(self.directory, session_id)
         if path is None:
             return None
         try:
@@ -209,14 +213,13 @@ class ThreadStore:
         turns = tuple(EarlierTurn.of(transcript) for transcript in (*earlier, first))
         return Thread(turns, max_history_tokens * CHARS_PER_TOKEN)
 
-    def _newest_file(self, session_id: str) -> Path | None:
-        """`<dir>/<day>/<session>-<tool>-<time>-<n>.json`: the newest whose session part is the id."""
-        if self.directory is None or not self.directory.is_dir():
-            return None
-        pattern = str(self.directory / "*" / f"{glob.escape(session_id)}-*.json")
-        named = [Path(p) for p in glob.glob(pattern)]
-        exact = [p for p in named if p.stem.rsplit("-", 3)[0] == session_id]
-        return max(exact, key=lambda p: (p.parent.name, p.name), default=None)
+
+def newest_transcript(directory: Path, session_id: str) -> Path | None:
+    """`<dir>/<day>/<session>-<tool>-<time>-<n>.json`: the newest whose session part is the id,
+    found by its own name (not by listing every transcript)."""
+    pattern = str(directory / "*" / f"{glob.escape(session_id)}-*.json")
+    exact = [p for p in map(Path, glob.glob(pattern)) if p.stem.rsplit("-", 3)[0] == session_id]
+    return max(exact, key=lambda p: (p.parent.name, p.name), default=None)
 
 
 def _member_answers(result: Mapping[str, Any]) -> dict[str, str]:

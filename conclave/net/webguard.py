@@ -11,9 +11,21 @@ address the server was bound to.
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to `host` is reachable from this machine alone."""
+    name = host.lower().strip("[]")
+    if name in LOOPBACK_HOSTS or name == "localhost.localdomain":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 def allowed_hosts(bound_host: str) -> frozenset[str]:

@@ -38,9 +38,10 @@ from conclave.app.server.jsonrpc import (
     to_rpc_error,
 )
 from conclave.app.server.lifecycle import serving
-from conclave.app.server.openai_compat import KEY_ENV, is_loopback
+from conclave.app.server.openai_compat import KEY_ENV
 from conclave.app.server.openai_compat import mount as mount_openai
-from conclave.net.webguard import allowed_hosts, host_allowed, origin_allowed
+from conclave.app.server.openai_request import MODELS
+from conclave.net.webguard import allowed_hosts, host_allowed, is_loopback, origin_allowed
 from conclave.obs.telemetry import traced
 from conclave.schema.config import Config
 
@@ -165,8 +166,8 @@ def _index_text(endpoints: dict[str, Any]) -> str:
         "POST /mcp  MCP Streamable HTTP: point an MCP client at this URL + /mcp",
         "POST /rpc  plain JSON-RPC 2.0: the tools are methods (confer, coordinate, fetch, verify,",
         "           list_providers), their arguments the params",
-        "POST /v1/chat/completions  OpenAI-compatible chat: models conclave-confer, conclave-council,",
-        "           conclave-coordinate (GET /v1/models); base URL: this address + /v1",
+        f"POST /v1/chat/completions  OpenAI-compatible chat: models {', '.join(MODELS)}",
+        "           (GET /v1/models); base URL: this address + /v1",
     ]
     if endpoints["ui"] is not None:
         lines.append(f"GET  {UI_PATH}  the read-only page of recent sessions")

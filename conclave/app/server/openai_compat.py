@@ -14,7 +14,6 @@ is refused."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from conclave.app.server.openai_request import (
 from conclave.app.server.openai_stream import DONE, KEEPALIVE, Chunks, Prose, completion_id, sse
 from conclave.core.errors import ConfigError, InvalidArguments, SessionInFlight, ToolError
 from conclave.core.messages import Delta
-from conclave.net.webguard import LOOPBACK_HOSTS, host_allowed, origin_allowed
+from conclave.net.webguard import host_allowed, is_loopback, origin_allowed
 from conclave.obs.telemetry import traced
 from conclave.schema.config import Config
 
@@ -57,16 +56,6 @@ def mount(
     app.router.add_get("/v1/models", guard.wrap(_models(server, created)))
     app.router.add_get("/v1/models/{model}", guard.wrap(_model(server, created)))
     app.router.add_post("/v1/chat/completions", guard.wrap(_completions(server)))
-
-
-def is_loopback(host: str) -> bool:
-    name = host.lower().strip("[]")
-    if name in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 # -- the guard ---------------------------------------------------------------------------------------
@@ -343,7 +332,7 @@ class Relay:
         if self.prose is not None and (reply.synthesized or self.prose.sent):
             rest, replaced = self.prose.close(content)
             return [({"content": rest}, replaced)] if rest else []
-        if call.model.tool == "confer" and not call.model.council and not call.structured:
+        if not call.model.synthesizes and not call.structured:
             return [({"content": piece}, False) for piece in digest_sections(result)]
         return [({"content": content}, False)] if content else []
 

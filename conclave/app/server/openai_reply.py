@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from conclave.app.labels import degraded_label
+from conclave.app.labels import reason_label
 from conclave.app.server.openai_request import ChatCall, OpenAIError
 
 NO_SYNTHESIS = "*No synthesis was written ({why}); the panel's answers follow.*\n\n"
@@ -45,7 +45,7 @@ def reply_of(call: ChatCall, result: Mapping[str, Any]) -> Reply:
         )
     if call.structured:
         return _structured(call, result)
-    if call.model.tool == "confer" and not call.model.council:
+    if not call.model.synthesizes:
         return Reply(digest(result))
     return _synthesis(call, result)
 
@@ -100,7 +100,7 @@ def _missing(answer: Mapping[str, Any] | None) -> str:
 
 def digest(result: Mapping[str, Any]) -> str:
     """A confer's answers in Markdown: one section per member, its status when it has no answer."""
-    return "\n\n".join(_section(answer) for answer in result.get("answers", []))
+    return "".join(digest_sections(result))
 
 
 def digest_sections(result: Mapping[str, Any]) -> list[str]:
@@ -128,9 +128,7 @@ def _reasons(result: Mapping[str, Any]) -> str:
     named = []
     for reason in result.get("degraded_reasons") or []:
         who = f"{reason['role']} {reason['provider']}" if reason.get("role") else str(reason["provider"])
-        why = said.get((reason["provider"], reason.get("role"))) or degraded_label(
-            str(reason.get("code") or reason["status"])
-        )
+        why = said.get((reason["provider"], reason.get("role"))) or reason_label(reason)
         named.append(f"{who}: {why}")
     return "; ".join(named) or "no answers"
 

@@ -12,7 +12,6 @@ starting server answers its first messages."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 PREFIX = "conclave://sessions/"
 SUMMARY = "/summary"
-SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # confer's `session_id` pattern
 RESOURCE_NOT_FOUND = -32002  # the handshake era's code; the stateless era says -32602 for it too
 TITLE_CHARS = 80
 JSON = "application/json"
@@ -68,6 +66,8 @@ def parse(params: Mapping[str, Any]) -> tuple[str, str, bool]:
     summary = rest is not None and rest.endswith(SUMMARY)
     if rest is not None and summary:
         rest = rest[: -len(SUMMARY)]
+    from conclave.deliberation.threads import SESSION_ID  # loaded on first use, as the page's code is
+
     # Split before decoding, so an encoded slash or dot-dot is part of the id, and refused there.
     session_id = unquote(rest) if rest is not None and "/" not in rest else None
     if session_id is None or not SESSION_ID.fullmatch(session_id):

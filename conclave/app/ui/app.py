@@ -25,7 +25,6 @@ on its own), is 404. Deltas never reach the event log: `/live` is their only way
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -42,6 +41,7 @@ from conclave.app.ui.evals import CHART_SVG, RESULTS, EvalRuns, inside
 from conclave.app.ui.markup import Safe
 from conclave.app.ui.sessions import Sessions
 from conclave.deliberation.live import Gap, LiveDeltas, LiveItem
+from conclave.deliberation.threads import SESSION_ID
 from conclave.net.webguard import allowed_hosts, host_allowed, origin_allowed
 from conclave.schema.config import Config
 
@@ -63,7 +63,6 @@ KEEPALIVE_SECONDS = 15.0
 FILE_CHUNK = 262_144
 READ_METHODS = frozenset({"GET", "HEAD"})
 
-SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # as confer's `session_id` pattern
 
 SESSIONS = web.AppKey("sessions", Sessions)
 LIVE = web.AppKey("live", LiveDeltas)

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from conclave.app.tail import Follower, parse_line
-from conclave.deliberation.threads import MAX_DEPTH, Link, ancestors, link_of
+from conclave.deliberation.threads import MAX_DEPTH, Link, ancestors, link_of, newest_transcript
 
 RECENT = 100  # sessions the list shows
 PREVIEW_CHARS = 200  # of a question in the list: RECENT rows of it keep the list small
@@ -114,35 +114,35 @@ class Sessions:
             if sid not in rows:
                 rows[sid] = _from_name(sid, path)
         newest = sorted(rows.values(), key=lambda s: s.started, reverse=True)[start : start + limit]
-        return [self._with_link(self._with_question(row), files) for row in newest]
+        return [self._with_link(self._with_question(row, files), files) for row in newest]
 
     def summary(self, session_id: str) -> SessionSummary | None:
         self.refresh()
+        files = self._transcript_files()  # listed once, for the three lookups below
         found = self._known.get(session_id)
-        if found is None and (path := self._transcript_files().get(session_id)) is not None:
+        if found is None and (path := files.get(session_id)) is not None:
             found = _from_name(session_id, path)
-        return None if found is None else self._with_link(self._with_question(found), None)
+        return None if found is None else self._with_link(self._with_question(found, files), files)
 
-    def transcript(self, session_id: str) -> dict[str, Any] | None:
-        """The session's transcript, parsed; None while it runs, or when there is none."""
-        path = self._path(session_id, None)
+    def transcript(self, session_id: str, files: Mapping[str, Path] | None = None) -> dict[str, Any] | None:
+        """The session's transcript, parsed; None while it runs, or when there is none. `files`:
+        the folder's listing, when the caller has one."""
+        path = self._path(session_id, files)
         return None if path is None else self._read(path)
 
     def earlier(self, transcript: Mapping[str, Any], limit: int = MAX_DEPTH) -> Earlier:
         """The thread's turns before the session of `transcript` (which counts towards `limit`)."""
         files = self._transcript_files()
 
-        def find(session_id: str) -> dict[str, Any] | None:
-            path = self._path(session_id, files)
-            return None if path is None else self._read(path)
-
-        ancestry = ancestors(transcript, find, limit)
+        ancestry = ancestors(transcript, lambda sid: self.transcript(sid, files), limit)
         turns = []
         for body in ancestry.transcripts:
             sid = str(body.get("session_id"))
             path = self._path(sid, files)
-            assert path is not None  # `find` just read it there
-            turns.append((self._with_question(self._known.get(sid) or _from_name(sid, path)), dict(body)))
+            assert path is not None  # the walk just read it there
+            turns.append(
+                (self._with_question(self._known.get(sid) or _from_name(sid, path), files), dict(body))
+            )
         return Earlier(tuple(turns), ancestry.stopped)
 
     def follow_ups(self, session_id: str) -> list[str]:
@@ -181,10 +181,15 @@ class Sessions:
             yield from self.transcripts.glob("*/*.json")
 
     def _path(self, session_id: str, files: Mapping[str, Path] | None) -> Path | None:
-        """The session's transcript: the one its `session_end` names, else the newest by name."""
+        """The session's transcript: the one its `session_end` names, else the newest by name (in
+        `files`, or looked up by its own name: listing the folder per session costs its size)."""
         known = self._known.get(session_id)
         named = self._inside(known.transcript) if known and known.transcript else None
-        return named or (self._transcript_files() if files is None else files).get(session_id)
+        if named is not None:
+            return named
+        if files is not None:
+            return files.get(session_id)
+        return newest_transcript(self.transcripts, session_id) if self.transcripts.is_dir() else None
 
     def _inside(self, named: str) -> Path | None:
         path = Path(named)
@@ -215,10 +220,10 @@ class Sessions:
         link = None if path is None else self._link(path)
         return row if link is None else dataclasses.replace(row, thread_id=link.thread_id, parent=link.parent)
 
-    def _with_question(self, row: SessionSummary) -> SessionSummary:
+    def _with_question(self, row: SessionSummary, files: Mapping[str, Path] | None = None) -> SessionSummary:
         if row.running or (row.question is not None and row.status != "ended"):
             return row
-        body = self.transcript(row.session_id) or {}
+        body = self.transcript(row.session_id, files) or {}
         arguments = body.get("arguments") or {}
         asked = arguments.get("question") or arguments.get("task")
         row = dataclasses.replace(row, question=preview(asked)) if isinstance(asked, str) else row
