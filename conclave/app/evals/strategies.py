@@ -28,7 +28,7 @@ from conclave.core.errors import ConclaveError
 from conclave.core.messages import Usage
 from conclave.core.records import record
 from conclave.deliberation.results import Answer, ConferResult, CoordinateResult, RoleAnswer
-from conclave.deliberation.vote import tally
+from conclave.deliberation.vote import Vote, tally
 
 # Samples of one model are drawn warm: at temperature 0 they would all be the same answer.
 SAMPLE_TEMPERATURE: Final = 0.7
@@ -49,7 +49,6 @@ class Outcome:
     status: Status
     usage: Usage
     calls: int
-    latency_ms: float = 0.0
     error: str | None = None
 
 
@@ -190,7 +189,7 @@ class PanelVote(_Panel):
 
     async def answer(self, client: Conclave, ask: Ask) -> Outcome:
         result = await self._confer(client, ask)
-        winner = _winner(result, ask.field)
+        winner = _winner(result.vote, ask.field)
         return _outcome(result, winner, failed=not any(a.value is not None for a in result.answers))
 
 
@@ -326,7 +325,7 @@ def _majority(ask: Ask, answers: Sequence[Answer]) -> Outcome:
         return _made(text, usage, calls, degraded=degraded, failed=text is None, answers=answers)
     counted = [(f"sample-{i}", a.value) for i, a in enumerate(answers)]
     vote = tally(ask.schema, counted, vote_fields=ask.vote_fields, tolerance=ask.tolerance)
-    winner = next((f.winner for f in vote.fields if f.field == ask.field), None)
+    winner = _winner(vote, ask.field)
     failed = not any(value is not None for _, value in counted)
     return _made(winner, usage, calls, degraded=degraded, failed=failed, answers=answers)
 
@@ -339,10 +338,10 @@ def _made(
     return Outcome(value=value, status="degraded" if degraded else "ok", usage=usage, calls=calls)
 
 
-def _winner(result: ConferResult, field: str | None) -> Any:
-    if result.vote is None or field is None:
+def _winner(vote: Vote | None, field: str | None) -> Any:
+    if vote is None or field is None:
         return None
-    return next((f.winner for f in result.vote.fields if f.field == field), None)
+    return next((f.winner for f in vote.fields if f.field == field), None)
 
 
 def _decided(synthesis: RoleAnswer | None, field: str | None) -> Any:

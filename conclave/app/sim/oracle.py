@@ -118,22 +118,6 @@ class Oracle:
 
     # ------------------------------------------------------------------ configuration
 
-    @property
-    def items(self) -> tuple[OracleItem, ...]:
-        return self._items
-
-    @property
-    def correlation(self) -> float:
-        return self._rho
-
-    @property
-    def consistency(self) -> float:
-        return self._sigma
-
-    @property
-    def seed(self) -> int:
-        return self._seed
-
     def accuracy_of(self, model: str) -> float:
         """The probability a call of `model` answers right."""
         return float(self._accuracy.get(model, self._default_accuracy))
@@ -141,10 +125,6 @@ class Oracle:
     def expected(self, question: str) -> Any:
         """The right value for `question` (an item's question exactly); KeyError if unknown."""
         return self._by_question[question].correct
-
-    def item(self, question: str) -> OracleItem:
-        """The item whose question is exactly `question`; KeyError if unknown."""
-        return self._by_question[question]
 
     # ------------------------------------------------------------------ answering
 
@@ -196,10 +176,6 @@ class Oracle:
         counting it (all of the item's wrong values are candidates)."""
         item = self._by_question[question]
         return self._outcome(model, item, index, item.wrong)
-
-    def is_right(self, model: str, question: str, index: int = 0) -> bool:
-        """Whether draw `index` of `model` on `question` is right (not counted)."""
-        return self._right(model, question, index)
 
     def draws(self, model: str, question: str) -> int:
         """How many times `model` has been asked `question` since the last reset."""

@@ -23,8 +23,9 @@ after the latency as they would arrive: at once, or `stream_tokens_per_s` frames
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal
 
@@ -449,14 +450,15 @@ def _default_text(
     # role's envelope comes first even when the request carries its schema (role turns do): it
     # plays the debate out as the scenario means it to (a critic asking for a revision).
     envelope = role_answer(parsed.model, parsed.last_text) if roles else None
-    known = None
+    draw = None  # the oracle's draw for the item this request asks, when it knows one
     if oracle is not None and parsed.answer_schema is not None:
-        known = _known(oracle, parsed, body)
+        item = _known(oracle, parsed, body)
+        draw = None if item is None else functools.partial(oracle.draw, parsed.model, item)
     if envelope is not None:
-        return envelope if parsed.answer_schema is None else _completed(envelope, parsed, known)
+        return envelope if parsed.answer_schema is None else _completed(envelope, parsed, draw)
     if parsed.answer_schema is not None:  # structured output: an object valid against the schema
         schema, question = parsed.answer_schema, parsed.last_user_text
-        drawn = None if known is None else known[0].draw(parsed.model, known[1], schema)
+        drawn = None if draw is None else draw(schema)
         if drawn is not None:
             return orjson.dumps(drawn).decode()
         return orjson.dumps(structured.synthesize(schema, model=parsed.model, question=question)).decode()
@@ -464,7 +466,7 @@ def _default_text(
 
 
 def _completed(
-    envelope: str, parsed: wire.ParsedRequest, known: tuple[Oracle, OracleItem] | None = None
+    envelope: str, parsed: wire.ParsedRequest, draw: Callable[[Mapping[str, Any]], Any] | None = None
 ) -> str:
     """A role's envelope with what the request's schema requires besides (a chair's `value`,
     drawn by the oracle when it knows the question)."""
@@ -473,21 +475,21 @@ def _completed(
     for name in schema.get("required", ()):
         part = (schema.get("properties") or {}).get(name)
         if name not in filled and isinstance(part, dict):
-            drawn = None if known is None else known[0].draw(parsed.model, known[1], part)
+            drawn = None if draw is None else draw(part)
             if drawn is None:
                 drawn = structured.synthesize(part, model=parsed.model, question=parsed.last_user_text)
             filled[name] = drawn
     return orjson.dumps(filled).decode()
 
 
-def _known(oracle: Oracle, parsed: wire.ParsedRequest, body: Any) -> tuple[Oracle, OracleItem] | None:
+def _known(oracle: Oracle, parsed: wire.ParsedRequest, body: Any) -> OracleItem | None:
     """The oracle's item this request asks: its question in the last user message (a plain
     confer), else anywhere in the request (a staged confer and its chair carry the question in
     the system prompt)."""
     item = oracle.find(parsed.last_user_text)
     if item is None and body is not None:
         item = oracle.find("\n".join(_strings(body)))
-    return None if item is None else (oracle, item)
+    return item
 
 
 def _strings(node: Any) -> list[str]:
