@@ -24,35 +24,18 @@ import orjson
 
 
 def _suite(path: Path, items: int) -> None:
-    from conclave.app.evals.suite import load_suite
+    """The built-in suite's first `items` lines as they are, then generated sums up to `items`."""
+    from conclave.app.evals.suite import DATA_DIR
 
-    basic = load_suite("builtin:basic").items
-    rows = [_row(item) for item in basic[:items]]
-    for i in range(len(rows), items):
+    lines = [line for line in (DATA_DIR / "basic.jsonl").read_bytes().splitlines() if line.strip()][:items]
+    for i in range(len(lines), items):
         a, b = 1000 + 37 * i, 200 + 11 * i
-        rows.append(
-            {"id": f"sum-{i:03d}", "question": f"What is {a} + {b}?", "answer": a + b, "kind": "number"}
+        lines.append(
+            orjson.dumps(
+                {"id": f"sum-{i:03d}", "question": f"What is {a} + {b}?", "answer": a + b, "kind": "number"}
+            )
         )
-    path.write_bytes(b"\n".join(orjson.dumps(row) for row in rows) + b"\n")
-
-
-def _row(item: object) -> dict[str, object]:
-    from conclave.app.evals.suite import Item
-
-    assert isinstance(item, Item)
-    row: dict[str, object] = {
-        "id": item.id,
-        "question": item.question,
-        "answer": item.answer,
-        "kind": item.kind,
-    }
-    if item.context is not None:
-        row["context"] = item.context
-    if item.choices:
-        row["choices"] = list(item.choices)
-    if item.tolerance is not None:
-        row["tolerance"] = item.tolerance
-    return row
+    path.write_bytes(b"\n".join(lines) + b"\n")
 
 
 async def _one(suite_path: Path, out: Path, concurrency: int, latency_ms: float) -> tuple[float, int, int]:
